@@ -1,0 +1,430 @@
+//! Compression contexts. A [`Compressor`] or [`Decompressor`] is owned by one worker thread and
+//! reused for every extent it handles, so the hot path allocates nothing once the contexts for
+//! the levels in use exist (zstd CCtx/DCtx, deflate streams, the LZO work memory).
+
+use crate::error::CodecError;
+use crate::spec::{Algorithm, CodecSpec};
+
+/// Largest extent the codec layer accepts (1 MiB), matching the store's maximum extent size.
+pub const MAX_EXTENT: usize = 1 << 20;
+/// Smallest extent size a store may choose (4 KiB, one sector).
+pub const MIN_EXTENT: usize = 4096;
+/// btrfs's default extent size (128 KiB of uncompressed data).
+pub const DEFAULT_EXTENT: usize = 128 * 1024;
+/// The sector size that compressed lengths are rounded up to (btrfs: one 4 KiB sector).
+pub const SECTOR: usize = 4096;
+
+/// Checks that an extent size is a power of two in `MIN_EXTENT..=MAX_EXTENT`.
+pub fn check_extent_size(size: usize) -> Result<(), CodecError> {
+    if size.is_power_of_two() && (MIN_EXTENT..=MAX_EXTENT).contains(&size) {
+        Ok(())
+    } else {
+        Err(CodecError::BadExtentSize(size))
+    }
+}
+
+/// Upper bound of the compressed size of `len` input bytes with `algorithm`.
+pub fn max_compressed_len(algorithm: Algorithm, len: usize) -> usize {
+    match algorithm {
+        Algorithm::None => len,
+        Algorithm::Zstd => zstd::zstd_safe::compress_bound(len),
+        Algorithm::Lz4 => lz4_flex::block::get_maximum_output_size(len),
+        // zlib-rs level 1 ("deflate_quick", as in zlib-ng) emits static-Huffman blocks, where a
+        // literal costs up to 9 bits: 12.5% expansion plus block headers and the zlib wrapper.
+        Algorithm::Zlib => len + len / 8 + 128,
+        // LZO1X worst case as documented by minilzo: len + len/16 + 64 + 3.
+        Algorithm::Lzo => rust_lzo::worst_compress(len),
+    }
+}
+
+fn backend(algorithm: Algorithm, e: impl std::fmt::Display) -> CodecError {
+    CodecError::Backend {
+        algorithm,
+        detail: e.to_string(),
+    }
+}
+
+/// A per-thread compression context for every algorithm.
+pub struct Compressor {
+    zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    zlib: Option<(i32, flate2::Compress)>,
+    lzo: Option<rust_lzo::LZOContext>,
+}
+
+impl std::fmt::Debug for Compressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compressor")
+            .field("zstd_level", &self.zstd.as_ref().map(|z| z.0))
+            .field("zlib_level", &self.zlib.as_ref().map(|z| z.0))
+            .finish()
+    }
+}
+
+impl Default for Compressor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Compressor {
+    /// Contexts are created lazily on first use of each algorithm.
+    pub fn new() -> Compressor {
+        Compressor {
+            zstd: None,
+            zlib: None,
+            lzo: None,
+        }
+    }
+
+    /// Compresses `src` into `dst` (cleared first; its capacity is reused) and returns the
+    /// compressed length. This does not decide whether the result is worth keeping: see
+    /// [`crate::extent::compress_extent`].
+    pub fn compress(
+        &mut self,
+        spec: CodecSpec,
+        src: &[u8],
+        dst: &mut Vec<u8>,
+    ) -> Result<usize, CodecError> {
+        let algorithm = spec.algorithm();
+        if src.len() > MAX_EXTENT {
+            return Err(CodecError::TooLarge {
+                len: src.len(),
+                max: MAX_EXTENT,
+            });
+        }
+        dst.clear();
+        let bound = max_compressed_len(algorithm, src.len());
+        dst.reserve(bound);
+        match algorithm {
+            Algorithm::None => {
+                dst.extend_from_slice(src);
+            }
+            Algorithm::Zstd => {
+                let level = spec.level();
+                let c = match &mut self.zstd {
+                    Some((l, c)) => {
+                        if *l != level {
+                            c.set_compression_level(level)
+                                .map_err(|e| backend(algorithm, e))?;
+                            *l = level;
+                        }
+                        c
+                    }
+                    slot @ None => {
+                        let c = zstd::bulk::Compressor::new(level)
+                            .map_err(|e| backend(algorithm, e))?;
+                        &mut slot.insert((level, c)).1
+                    }
+                };
+                c.compress_to_buffer(src, dst)
+                    .map_err(|e| backend(algorithm, e))?;
+            }
+            Algorithm::Lz4 => {
+                dst.resize(bound, 0);
+                let n =
+                    lz4_flex::block::compress_into(src, dst).map_err(|e| backend(algorithm, e))?;
+                dst.truncate(n);
+            }
+            Algorithm::Zlib => {
+                let level = spec.level();
+                let c = match &mut self.zlib {
+                    Some((l, c)) if *l == level => {
+                        c.reset();
+                        c
+                    }
+                    slot => {
+                        let c = flate2::Compress::new(flate2::Compression::new(level as u32), true);
+                        &mut slot.insert((level, c)).1
+                    }
+                };
+                let status = c
+                    .compress_vec(src, dst, flate2::FlushCompress::Finish)
+                    .map_err(|e| backend(algorithm, e))?;
+                if status != flate2::Status::StreamEnd {
+                    return Err(backend(
+                        algorithm,
+                        "deflate did not finish within its bound",
+                    ));
+                }
+            }
+            Algorithm::Lzo => {
+                dst.resize(bound, 0);
+                let ctx = self.lzo.get_or_insert_with(rust_lzo::LZOContext::new);
+                // SAFETY of the bound: minilzo writes at most worst_compress(len) bytes, and dst
+                // has exactly that length.
+                let (out, err) = ctx.compress_to_slice(src, dst);
+                let n = out.len();
+                if err != rust_lzo::LZOError::OK {
+                    return Err(backend(algorithm, "lzo1x_1_compress failed"));
+                }
+                dst.truncate(n);
+            }
+        }
+        Ok(dst.len())
+    }
+
+    /// Bytes of memory held by the zstd compression context at its current level (0 if none).
+    pub fn zstd_context_bytes(&mut self) -> usize {
+        match &mut self.zstd {
+            Some((_, c)) => c.context_mut().sizeof(),
+            None => 0,
+        }
+    }
+}
+
+/// Memory a compression context needs for one spec, measured by building the context and
+/// compressing one extent of `extent` bytes (zstd sizes its tables to the input).
+pub fn context_memory(spec: CodecSpec, extent: usize) -> usize {
+    match spec.algorithm() {
+        Algorithm::None => 0,
+        Algorithm::Zstd => {
+            let mut c = Compressor::new();
+            let sample: Vec<u8> = (0..extent).map(|i| (i % 251) as u8).collect();
+            let mut out = Vec::new();
+            if c.compress(spec, &sample, &mut out).is_err() {
+                return 0;
+            }
+            c.zstd_context_bytes()
+        }
+        // miniz/zlib-rs deflate state: window (2 * 32 KiB) + hash chains (2 * 32 KiB * 2 bytes)
+        // + pending buffer, as zlib's deflateInit2 documents: (1 << (windowBits+2)) +
+        // (1 << (memLevel+9)) with windowBits 15, memLevel 8.
+        Algorithm::Zlib => (1 << 17) + (1 << 17),
+        // LZO1X-1 work memory: 16 K dictionary entries of 8 bytes (LZO1X_1_MEM_COMPRESS).
+        Algorithm::Lzo => 8192 * 16,
+        // lz4_flex's 4 K-entry u32 hash table.
+        Algorithm::Lz4 => 4096 * 4,
+    }
+}
+
+/// A per-thread decompression context.
+pub struct Decompressor {
+    zstd: Option<zstd::bulk::Decompressor<'static>>,
+    zlib: Option<flate2::Decompress>,
+}
+
+impl std::fmt::Debug for Decompressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decompressor").finish_non_exhaustive()
+    }
+}
+
+impl Default for Decompressor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Decompressor {
+    pub fn new() -> Decompressor {
+        Decompressor {
+            zstd: None,
+            zlib: None,
+        }
+    }
+
+    /// Decompresses `src` into exactly `dst.len()` bytes. Input that is malformed, truncated, or
+    /// decodes to any other length is a [`CodecError::Corrupt`]; nothing beyond `dst` is ever
+    /// allocated or written.
+    pub fn decompress(
+        &mut self,
+        algorithm: Algorithm,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), CodecError> {
+        if dst.len() > MAX_EXTENT {
+            return Err(CodecError::TooLarge {
+                len: dst.len(),
+                max: MAX_EXTENT,
+            });
+        }
+        let want = dst.len();
+        let wrong_len = |got: usize| {
+            CodecError::corrupt(algorithm, format!("decoded {got} bytes, expected {want}"))
+        };
+        match algorithm {
+            Algorithm::None => {
+                if src.len() != want {
+                    return Err(wrong_len(src.len()));
+                }
+                dst.copy_from_slice(src);
+            }
+            Algorithm::Zstd => {
+                let d = match &mut self.zstd {
+                    Some(d) => d,
+                    slot @ None => {
+                        let mut d =
+                            zstd::bulk::Decompressor::new().map_err(|e| backend(algorithm, e))?;
+                        // Bound the window a hostile frame may ask for to the largest extent.
+                        d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(20))
+                            .map_err(|e| backend(algorithm, e))?;
+                        slot.insert(d)
+                    }
+                };
+                let n = d
+                    .decompress_to_buffer(src, dst)
+                    .map_err(|e| CodecError::corrupt(algorithm, e))?;
+                if n != want {
+                    return Err(wrong_len(n));
+                }
+            }
+            Algorithm::Lz4 => {
+                let n = lz4_flex::block::decompress_into(src, dst)
+                    .map_err(|e| CodecError::corrupt(algorithm, e))?;
+                if n != want {
+                    return Err(wrong_len(n));
+                }
+            }
+            Algorithm::Zlib => {
+                let d = self
+                    .zlib
+                    .get_or_insert_with(|| flate2::Decompress::new(true));
+                d.reset(true);
+                let status = d
+                    .decompress(src, dst, flate2::FlushDecompress::Finish)
+                    .map_err(|e| CodecError::corrupt(algorithm, e))?;
+                let n = d.total_out() as usize;
+                if status != flate2::Status::StreamEnd {
+                    return Err(CodecError::corrupt(
+                        algorithm,
+                        format!("stream did not end within {want} bytes (decoded {n})"),
+                    ));
+                }
+                if n != want {
+                    return Err(wrong_len(n));
+                }
+                if d.total_in() as usize != src.len() {
+                    return Err(CodecError::corrupt(
+                        algorithm,
+                        "trailing bytes after the stream",
+                    ));
+                }
+            }
+            Algorithm::Lzo => {
+                lzo1x::decompress(src, dst).map_err(|e| CodecError::corrupt(algorithm, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Algorithm;
+
+    fn all_specs() -> Vec<CodecSpec> {
+        let mut v = vec![
+            CodecSpec::none(),
+            CodecSpec::default_for(Algorithm::Lzo),
+            CodecSpec::default_for(Algorithm::Lz4),
+        ];
+        for l in 1..=9 {
+            v.push(CodecSpec::with_level(Algorithm::Zlib, l).spec);
+        }
+        for l in (-15..=19).filter(|l| *l != 0) {
+            v.push(CodecSpec::with_level(Algorithm::Zstd, l).spec);
+        }
+        v
+    }
+
+    fn text(n: usize) -> Vec<u8> {
+        let words = [
+            "the ", "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ", "dog\n",
+        ];
+        let mut v = Vec::new();
+        let mut i = 0usize;
+        while v.len() < n {
+            v.extend_from_slice(words[(i * 7 + i / 3) % words.len()].as_bytes());
+            i += 1;
+        }
+        v.truncate(n);
+        v
+    }
+
+    #[test]
+    fn round_trip_all_levels_fixed_inputs() {
+        let mut c = Compressor::new();
+        let mut d = Decompressor::new();
+        let mut rng = 0x1234_5678_u64;
+        let random: Vec<u8> = (0..MAX_EXTENT)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u8
+            })
+            .collect();
+        let inputs: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0; DEFAULT_EXTENT],
+            text(DEFAULT_EXTENT),
+            random[..DEFAULT_EXTENT].to_vec(),
+            random.clone(),
+            vec![7],
+        ];
+        let mut out = Vec::new();
+        for spec in all_specs() {
+            for input in &inputs {
+                let n = c.compress(spec, input, &mut out).unwrap();
+                assert_eq!(n, out.len());
+                let bound = max_compressed_len(spec.algorithm(), input.len());
+                assert!(
+                    n <= bound,
+                    "{spec}: {n} > {bound} for {} bytes",
+                    input.len()
+                );
+                let mut back = vec![0xAA; input.len()];
+                d.decompress(spec.algorithm(), &out, &mut back).unwrap();
+                assert_eq!(&back, input, "{spec}");
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_length_is_corrupt() {
+        let mut c = Compressor::new();
+        let mut d = Decompressor::new();
+        let input = text(10_000);
+        let mut out = Vec::new();
+        for spec in all_specs() {
+            c.compress(spec, &input, &mut out).unwrap();
+            for len in [9_999usize, 10_001, 0] {
+                let mut back = vec![0; len];
+                let r = d.decompress(spec.algorithm(), &out, &mut back);
+                assert!(
+                    matches!(r, Err(CodecError::Corrupt { .. })),
+                    "{spec} {len}: {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn too_large_input_is_refused() {
+        let mut c = Compressor::new();
+        let big = vec![0u8; MAX_EXTENT + 1];
+        let mut out = Vec::new();
+        assert!(matches!(
+            c.compress(CodecSpec::default(), &big, &mut out),
+            Err(CodecError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn extent_sizes() {
+        assert!(check_extent_size(4096).is_ok());
+        assert!(check_extent_size(128 * 1024).is_ok());
+        assert!(check_extent_size(1 << 20).is_ok());
+        assert!(check_extent_size(2048).is_err());
+        assert!(check_extent_size(2 << 20).is_err());
+        assert!(check_extent_size(100_000).is_err());
+    }
+
+    #[test]
+    fn context_memory_grows_with_level() {
+        let m1 = context_memory(CodecSpec::with_level(Algorithm::Zstd, 1).spec, DEFAULT_EXTENT);
+        let m15 = context_memory(CodecSpec::with_level(Algorithm::Zstd, 15).spec, DEFAULT_EXTENT);
+        assert!(m1 > 0 && m15 > m1, "{m1} {m15}");
+    }
+}

@@ -1,0 +1,182 @@
+//! The one place that decides how an extent is stored: compressed with its codec, or raw.
+//!
+//! Policy (compfs differs from btrfs here on purpose): the decision is made per extent. btrfs
+//! flags a whole inode NOCOMPRESS after one extent fails to compress; compfs keeps trying every
+//! extent, so a file with an incompressible header and a compressible body still compresses.
+
+use crate::codec::{Compressor, SECTOR};
+use crate::error::CodecError;
+use crate::heuristic::{Heuristic, Reason};
+use crate::spec::{CodecSpec, Mode};
+
+/// How much a compressed extent must save to be kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinSaving {
+    /// btrfs: after rounding both lengths up to 4 KiB sectors, at least this many sectors saved.
+    Sectors(u32),
+    /// ZFS: the compressed length must be at most `len - len / div` (ZFS uses div 8, 12.5%).
+    Fraction { div: u32 },
+}
+
+impl Default for MinSaving {
+    fn default() -> Self {
+        MinSaving::Sectors(1)
+    }
+}
+
+/// Whether a compressed length is worth keeping for `raw_len` input bytes.
+pub fn worth_it(raw_len: usize, compressed_len: usize, min_saving: MinSaving) -> bool {
+    match min_saving {
+        MinSaving::Sectors(n) => {
+            let round = |x: usize| x.div_ceil(SECTOR) * SECTOR;
+            round(compressed_len) + n as usize * SECTOR <= round(raw_len)
+        }
+        MinSaving::Fraction { div } => {
+            let div = div.max(1) as usize;
+            compressed_len <= raw_len - raw_len / div
+        }
+    }
+}
+
+/// How a writer compresses extents: codec, force or heuristic, and the minimum saving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentPolicy {
+    pub spec: CodecSpec,
+    pub mode: Mode,
+    pub min_saving: MinSaving,
+}
+
+impl ExtentPolicy {
+    pub fn new(spec: CodecSpec, mode: Mode) -> ExtentPolicy {
+        ExtentPolicy {
+            spec,
+            mode,
+            min_saving: MinSaving::default(),
+        }
+    }
+}
+
+/// Why an extent is stored raw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawReason {
+    /// The policy's codec is `none`.
+    NoCompression,
+    /// The heuristic predicted no gain; compression was not tried.
+    Heuristic(Reason),
+    /// Compression was tried and did not save enough.
+    NotWorthIt,
+}
+
+/// How an extent is to be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentOutcome {
+    /// `dst[..len]` holds the compressed bytes.
+    Compressed { len: usize },
+    /// Store the input as it is.
+    Raw(RawReason),
+}
+
+/// A worker's extent encoder: compression contexts plus heuristic scratch space.
+#[derive(Debug, Default)]
+pub struct ExtentEncoder {
+    pub compressor: Compressor,
+    heuristic: Heuristic,
+}
+
+impl ExtentEncoder {
+    pub fn new() -> ExtentEncoder {
+        ExtentEncoder::default()
+    }
+
+    /// Encode one extent under `policy`. On `Compressed`, `dst` holds exactly the compressed
+    /// bytes; on `Raw`, `dst`'s contents are unspecified and the caller stores `src`.
+    pub fn encode(
+        &mut self,
+        policy: &ExtentPolicy,
+        src: &[u8],
+        dst: &mut Vec<u8>,
+    ) -> Result<ExtentOutcome, CodecError> {
+        if policy.spec.is_none() {
+            return Ok(ExtentOutcome::Raw(RawReason::NoCompression));
+        }
+        if policy.mode == Mode::Heuristic {
+            let v = self.heuristic.decide(src);
+            if !v.compress {
+                return Ok(ExtentOutcome::Raw(RawReason::Heuristic(v.reason)));
+            }
+        }
+        let len = self.compressor.compress(policy.spec, src, dst)?;
+        if worth_it(src.len(), len, policy.min_saving) {
+            Ok(ExtentOutcome::Compressed { len })
+        } else {
+            Ok(ExtentOutcome::Raw(RawReason::NotWorthIt))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Algorithm;
+
+    #[test]
+    fn one_sector_rule() {
+        let s = MinSaving::Sectors(1);
+        assert!(worth_it(131072, 126976, s)); // 31 sectors < 32
+        assert!(!worth_it(131072, 126977, s)); // rounds to 32 sectors
+        assert!(!worth_it(4096, 1, s)); // a single sector can never save a sector
+        assert!(worth_it(8192, 4096, s));
+        assert!(worth_it(5000, 4000, s)); // 2 sectors -> 1 sector
+        assert!(!worth_it(0, 0, s));
+    }
+
+    #[test]
+    fn zfs_fraction_rule() {
+        let z = MinSaving::Fraction { div: 8 };
+        assert!(worth_it(131072, 114688, z));
+        assert!(!worth_it(131072, 114689, z));
+    }
+
+    #[test]
+    fn force_vs_heuristic_on_random_and_text() {
+        let mut e = ExtentEncoder::new();
+        let mut s = 99u64;
+        let random: Vec<u8> = (0..131072)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect();
+        let text: Vec<u8> = b"lorem ipsum dolor sit amet "
+            .iter()
+            .cycle()
+            .take(131072)
+            .copied()
+            .collect();
+        let zstd = CodecSpec::default_for(Algorithm::Zstd);
+        let mut dst = Vec::new();
+        let force = ExtentPolicy::new(zstd, Mode::Force);
+        let heur = ExtentPolicy::new(zstd, Mode::Heuristic);
+        assert_eq!(
+            e.encode(&force, &random, &mut dst).unwrap(),
+            ExtentOutcome::Raw(RawReason::NotWorthIt)
+        );
+        assert!(matches!(
+            e.encode(&heur, &random, &mut dst).unwrap(),
+            ExtentOutcome::Raw(RawReason::Heuristic(_))
+        ));
+        for p in [force, heur] {
+            match e.encode(&p, &text, &mut dst).unwrap() {
+                ExtentOutcome::Compressed { len } => assert!(len < 2000 && len == dst.len()),
+                o => panic!("{o:?}"),
+            }
+        }
+        let none = ExtentPolicy::new(CodecSpec::none(), Mode::Force);
+        assert_eq!(
+            e.encode(&none, &text, &mut dst).unwrap(),
+            ExtentOutcome::Raw(RawReason::NoCompression)
+        );
+    }
+}

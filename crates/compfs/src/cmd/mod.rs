@@ -1,0 +1,4 @@
+//! One module per command family.
+
+pub mod bench_codecs;
+pub mod util;

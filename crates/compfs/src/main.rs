@@ -1,0 +1,51 @@
+//! The `compfs` command: a thin layer over the library crates. Library errors are typed; this
+//! binary turns them into one-line messages.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Transparent compression from userspace: a compressing FUSE filesystem, usage reports, and a
+/// compressed RAM block device served over NBD.
+#[derive(Parser, Debug)]
+#[command(name = "compfs", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Benchmarks: codecs on files, the filesystem against kernel btrfs, the block device.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Compress files in extent-sized blocks with every codec and level; print ratio and speed.
+    Codecs(cmd::bench_codecs::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(BenchCommand::Codecs(a)) => cmd::bench_codecs::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("compfs: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace: unit, property, crash, FUSE and NBD integration tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+cargo build --workspace --bins
+cargo test --workspace 2>&1
