@@ -423,8 +423,14 @@ mod tests {
 
     #[test]
     fn context_memory_grows_with_level() {
-        let m1 = context_memory(CodecSpec::with_level(Algorithm::Zstd, 1).spec, DEFAULT_EXTENT);
-        let m15 = context_memory(CodecSpec::with_level(Algorithm::Zstd, 15).spec, DEFAULT_EXTENT);
+        let m1 = context_memory(
+            CodecSpec::with_level(Algorithm::Zstd, 1).spec,
+            DEFAULT_EXTENT,
+        );
+        let m15 = context_memory(
+            CodecSpec::with_level(Algorithm::Zstd, 15).spec,
+            DEFAULT_EXTENT,
+        );
         assert!(m1 > 0 && m15 > m1, "{m1} {m15}");
     }
 }
