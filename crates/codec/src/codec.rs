@@ -33,7 +33,7 @@ pub fn max_compressed_len(algorithm: Algorithm, len: usize) -> usize {
         // literal costs up to 9 bits: 12.5% expansion plus block headers and the zlib wrapper.
         Algorithm::Zlib => len + len / 8 + 128,
         // LZO1X worst case as documented by minilzo: len + len/16 + 64 + 3.
-        Algorithm::Lzo => rust_lzo::worst_compress(len),
+        Algorithm::Lzo => crate::lzo::worst_compress(len),
     }
 }
 
@@ -48,7 +48,7 @@ fn backend(algorithm: Algorithm, e: impl std::fmt::Display) -> CodecError {
 pub struct Compressor {
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
     zlib: Option<(i32, flate2::Compress)>,
-    lzo: Option<rust_lzo::LZOContext>,
+    lzo: Option<crate::lzo::Lzo1x1>,
 }
 
 impl std::fmt::Debug for Compressor {
@@ -149,14 +149,9 @@ impl Compressor {
             }
             Algorithm::Lzo => {
                 dst.resize(bound, 0);
-                let ctx = self.lzo.get_or_insert_with(rust_lzo::LZOContext::new);
-                // SAFETY of the bound: minilzo writes at most worst_compress(len) bytes, and dst
-                // has exactly that length.
-                let (out, err) = ctx.compress_to_slice(src, dst);
-                let n = out.len();
-                if err != rust_lzo::LZOError::OK {
-                    return Err(backend(algorithm, "lzo1x_1_compress failed"));
-                }
+                let ctx = self.lzo.get_or_insert_with(crate::lzo::Lzo1x1::new);
+                // dst holds exactly worst_compress(len) bytes, the most LZO1X-1 can write.
+                let n = ctx.compress(src, dst);
                 dst.truncate(n);
             }
         }
@@ -190,8 +185,8 @@ pub fn context_memory(spec: CodecSpec, extent: usize) -> usize {
         // + pending buffer, as zlib's deflateInit2 documents: (1 << (windowBits+2)) +
         // (1 << (memLevel+9)) with windowBits 15, memLevel 8.
         Algorithm::Zlib => (1 << 17) + (1 << 17),
-        // LZO1X-1 work memory: 16 K dictionary entries of 8 bytes (LZO1X_1_MEM_COMPRESS).
-        Algorithm::Lzo => 8192 * 16,
+        // LZO1X-1 work memory: 16 K dictionary entries of 2 bytes.
+        Algorithm::Lzo => crate::lzo::DICT_BYTES,
         // lz4_flex's 4 K-entry u32 hash table.
         Algorithm::Lz4 => 4096 * 4,
     }
