@@ -1,1 +1,12 @@
-//! placeholder
+//! compfs's FUSE filesystem: a thin translation from kernel requests to `compfs_store` calls.
+//! All filesystem semantics live in the store; this crate maps requests to store calls, store
+//! errors to errno values, and adds the mount options and the usage/stats reporting interface
+//! (virtual xattrs) on top.
+
+pub mod error;
+pub mod options;
+pub mod usage;
+
+pub use error::{OptionError, RecordError};
+pub use options::MountOptions;
+pub use usage::{Figures, UsageReport};

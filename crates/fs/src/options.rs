@@ -1,0 +1,436 @@
+//! Mount options: btrfs names and semantics for compression, plus the FUSE and compfs ones.
+//!
+//! btrfs (Documentation/filesystems/btrfs, fs/btrfs/super.c) accepts `compress`,
+//! `compress=ALG[:LEVEL]`, `compress-force[=ALG[:LEVEL]]` and `compress=no`; a bare `compress`
+//! means zlib at level 3. Options that `mount(8)` and fstab add (`defaults`, `noauto`, `user`,
+//! `_netdev`, `x-*`, ...) are accepted and ignored, as every `mount.fuse` helper does.
+
+use compfs_codec::{bare_compress, CodecSpec, LevelAdjustment, Mode};
+
+use crate::error::OptionError;
+
+/// Default size of the decompressed-extent cache (issue 5: 64 MiB).
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
+/// Default number of FUSE worker threads (each reads requests from its own cloned fd).
+pub const DEFAULT_FUSE_THREADS: usize = 4;
+
+/// Everything `-o` can say about one mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    /// `compress=`/`compress-force=`: overrides the store's default policy for this mount.
+    pub policy: Option<(CodecSpec, Mode)>,
+    /// `ro`.
+    pub read_only: bool,
+    /// `allow_other`: other users may use the mount (otherwise it is private to the mounter).
+    pub allow_other: bool,
+    /// `allow_root`: root may use the mount besides the mounter.
+    pub allow_root: bool,
+    /// `cache=SIZE`: bytes of decompressed extents kept in memory.
+    pub cache_bytes: usize,
+    /// `threads=N`: compression workers of the store (`None` = number of cores).
+    pub workers: Option<usize>,
+    /// `fuse_threads=N`: threads serving FUSE requests.
+    pub fuse_threads: usize,
+    /// Kernel mount flags passed through to the FUSE mount (`noexec`, `nosuid`, `nodev`,
+    /// `noatime`, ...).
+    pub flags: Vec<KernelFlag>,
+    /// Level adjustments made while parsing `compress=` (printed as warnings).
+    pub warnings: Vec<String>,
+}
+
+/// Generic VFS mount flags that FUSE honours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelFlag {
+    Dev,
+    NoDev,
+    Suid,
+    NoSuid,
+    Exec,
+    NoExec,
+    Atime,
+    NoAtime,
+    DirSync,
+    Sync,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            policy: None,
+            read_only: false,
+            allow_other: false,
+            allow_root: false,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            workers: None,
+            fuse_threads: DEFAULT_FUSE_THREADS,
+            flags: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Options `mount(8)`/fstab pass along that mean nothing to compfs itself.
+const IGNORED: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "users",
+    "nouser",
+    "owner",
+    "group",
+    "_netdev",
+    "nofail",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "lazytime",
+    "nolazytime",
+    "default_permissions",
+    "async",
+    "loop",
+];
+
+/// btrfs options that exist on the kernel filesystem but have no meaning here; named so the
+/// error says why rather than "unknown".
+const BTRFS_ONLY: &[&str] = &[
+    "autodefrag",
+    "noautodefrag",
+    "commit",
+    "datacow",
+    "nodatacow",
+    "datasum",
+    "nodatasum",
+    "degraded",
+    "device",
+    "discard",
+    "nodiscard",
+    "space_cache",
+    "nospace_cache",
+    "ssd",
+    "nossd",
+    "ssd_spread",
+    "subvol",
+    "subvolid",
+    "thread_pool",
+    "flushoncommit",
+    "noflushoncommit",
+    "max_inline",
+    "barrier",
+    "nobarrier",
+    "rescue",
+    "skip_balance",
+    "clear_cache",
+    "user_subvol_rm_allowed",
+    "fatal_errors",
+    "enospc_debug",
+    "check_int",
+];
+
+/// Every option compfs understands, for error messages.
+pub const VALID_OPTIONS: &str =
+    "compress, compress=ALG[:LEVEL], compress=no, compress-force[=ALG[:LEVEL]], \
+ro, rw, allow_other, allow_root, cache=SIZE, threads=N, fuse_threads=N, \
+nodev, nosuid, noexec, noatime, dirsync, sync";
+
+impl MountOptions {
+    /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
+    /// later options override earlier ones, as in `mount(8)`.
+    pub fn parse<S: AsRef<str>>(lists: &[S]) -> Result<MountOptions, OptionError> {
+        let mut o = MountOptions::default();
+        for list in lists {
+            for opt in list.as_ref().split(',') {
+                let opt = opt.trim();
+                if opt.is_empty() {
+                    continue;
+                }
+                o.apply(opt)?;
+            }
+        }
+        Ok(o)
+    }
+
+    fn apply(&mut self, opt: &str) -> Result<(), OptionError> {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        match (key, value) {
+            ("compress", None) => self.policy = Some((bare_compress(), Mode::Heuristic)),
+            ("compress-force", None) => self.policy = Some((bare_compress(), Mode::Force)),
+            ("compress", Some(v)) | ("compress-force", Some(v)) => {
+                let mode = if key == "compress" {
+                    Mode::Heuristic
+                } else {
+                    Mode::Force
+                };
+                let parsed = CodecSpec::parse(v).map_err(|e| OptionError::Compression {
+                    option: opt.to_string(),
+                    detail: e.to_string(),
+                })?;
+                if let Some(adj) = parsed.adjustment {
+                    self.warnings.push(describe_adjustment(&adj));
+                }
+                self.policy = Some((parsed.spec, mode));
+            }
+            ("ro", None) => self.read_only = true,
+            ("rw", None) => self.read_only = false,
+            ("allow_other", None) => self.allow_other = true,
+            ("allow_root", None) => self.allow_root = true,
+            ("cache", Some(v)) => {
+                let n = parse_bytes(v).ok_or_else(|| OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: "a size such as 64M, 512K or 1G",
+                })?;
+                self.cache_bytes = usize::try_from(n).map_err(|_| OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: "a size that fits in memory",
+                })?;
+            }
+            ("threads", Some(v)) => self.workers = Some(parse_count(opt, v)?),
+            ("fuse_threads", Some(v)) => self.fuse_threads = parse_count(opt, v)?,
+            ("dev", None) => self.flags.push(KernelFlag::Dev),
+            ("nodev", None) => self.flags.push(KernelFlag::NoDev),
+            ("suid", None) => self.flags.push(KernelFlag::Suid),
+            ("nosuid", None) => self.flags.push(KernelFlag::NoSuid),
+            ("exec", None) => self.flags.push(KernelFlag::Exec),
+            ("noexec", None) => self.flags.push(KernelFlag::NoExec),
+            ("atime", None) => self.flags.push(KernelFlag::Atime),
+            ("noatime", None) => self.flags.push(KernelFlag::NoAtime),
+            ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
+            ("sync", None) => self.flags.push(KernelFlag::Sync),
+            (k, _) if IGNORED.contains(&k) => {}
+            (k, _) if k.starts_with("x-") || k == "comment" => {}
+            (k, _) if BTRFS_ONLY.contains(&k) => {
+                return Err(OptionError::BtrfsOnly {
+                    option: opt.to_string(),
+                })
+            }
+            ("extent" | "extent_size" | "extent-size", _) => {
+                return Err(OptionError::ExtentAtMount {
+                    option: opt.to_string(),
+                })
+            }
+            ("ro" | "rw" | "allow_other" | "allow_root", Some(_))
+            | ("cache" | "threads" | "fuse_threads", None) => {
+                return Err(OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: match key {
+                        "cache" => "cache=SIZE, e.g. cache=64M",
+                        "threads" | "fuse_threads" => "a count such as threads=2",
+                        _ => "no value",
+                    },
+                })
+            }
+            _ => {
+                return Err(OptionError::Unknown {
+                    option: opt.to_string(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// The option string that describes this mount in `/proc/mounts`-style form (used by
+    /// `compfs stats` and logs): e.g. `compress-force=zstd:3,cache=64M`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match self.policy {
+            Some((spec, Mode::Heuristic)) if spec.is_none() => parts.push("compress=no".into()),
+            Some((spec, mode)) => parts.push(format!("{mode}={spec}")),
+            None => {}
+        }
+        parts.push(if self.read_only { "ro" } else { "rw" }.to_string());
+        if self.allow_other {
+            parts.push("allow_other".into());
+        }
+        parts.push(format!("cache={}K", self.cache_bytes >> 10));
+        parts.join(",")
+    }
+}
+
+fn describe_adjustment(adj: &LevelAdjustment) -> String {
+    adj.to_string()
+}
+
+fn parse_count(opt: &str, v: &str) -> Result<usize, OptionError> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err(OptionError::BadValue {
+            option: opt.to_string(),
+            expected: "a count from 1 to 256",
+        }),
+    }
+}
+
+/// `64M`, `512K`, `1G`, `4096` (binary units). `None` on anything else or on overflow.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use compfs_codec::Algorithm;
+
+    fn parse(s: &str) -> Result<MountOptions, OptionError> {
+        MountOptions::parse(&[s])
+    }
+
+    #[test]
+    fn btrfs_compression_forms() {
+        let o = parse("compress").unwrap();
+        assert_eq!(o.policy, Some((bare_compress(), Mode::Heuristic)));
+        assert_eq!(o.policy.unwrap().0.algorithm(), Algorithm::Zlib);
+        assert_eq!(o.policy.unwrap().0.level(), 3);
+
+        let o = parse("compress=zstd:3").unwrap();
+        let (spec, mode) = o.policy.unwrap();
+        assert_eq!(
+            (spec.algorithm(), spec.level(), mode),
+            (Algorithm::Zstd, 3, Mode::Heuristic)
+        );
+
+        let o = parse("compress-force=zstd:-5").unwrap();
+        let (spec, mode) = o.policy.unwrap();
+        assert_eq!(
+            (spec.algorithm(), spec.level(), mode),
+            (Algorithm::Zstd, -5, Mode::Force)
+        );
+
+        let o = parse("compress-force").unwrap();
+        assert_eq!(o.policy, Some((bare_compress(), Mode::Force)));
+
+        let o = parse("compress=no").unwrap();
+        assert!(o.policy.unwrap().0.is_none());
+        let o = parse("compress=lzo").unwrap();
+        assert_eq!(o.policy.unwrap().0.algorithm(), Algorithm::Lzo);
+        // zlib without a level means zlib:3, zstd means zstd:3, as in btrfs.
+        assert_eq!(parse("compress=zlib").unwrap().policy.unwrap().0.level(), 3);
+        assert_eq!(parse("compress=zstd").unwrap().policy.unwrap().0.level(), 3);
+    }
+
+    #[test]
+    fn later_options_win_and_lists_combine() {
+        let o = MountOptions::parse(&["compress=zlib:9,ro", "compress-force=lzo,rw"]).unwrap();
+        assert_eq!(o.policy.unwrap().0.algorithm(), Algorithm::Lzo);
+        assert_eq!(o.policy.unwrap().1, Mode::Force);
+        assert!(!o.read_only);
+    }
+
+    #[test]
+    fn out_of_range_level_is_clamped_with_a_warning() {
+        let o = parse("compress=zlib:12").unwrap();
+        assert_eq!(o.policy.unwrap().0.level(), 9);
+        assert_eq!(o.warnings.len(), 1);
+        assert!(o.warnings[0].contains("zlib"), "{:?}", o.warnings);
+    }
+
+    #[test]
+    fn fuse_and_compfs_options() {
+        let o = parse("allow_other,ro,cache=128M,threads=2,fuse_threads=3,noexec,nosuid").unwrap();
+        assert!(o.allow_other && o.read_only);
+        assert_eq!(o.cache_bytes, 128 << 20);
+        assert_eq!(o.workers, Some(2));
+        assert_eq!(o.fuse_threads, 3);
+        assert_eq!(o.flags, vec![KernelFlag::NoExec, KernelFlag::NoSuid]);
+        let d = MountOptions::default();
+        assert_eq!(d.cache_bytes, DEFAULT_CACHE_BYTES);
+        assert!(!d.allow_other && !d.read_only && d.policy.is_none());
+    }
+
+    #[test]
+    fn fstab_noise_is_ignored() {
+        let o =
+            parse("defaults,noauto,user,_netdev,nofail,x-systemd.automount,comment=foo,relatime")
+                .unwrap();
+        assert_eq!(o, MountOptions::default());
+        assert_eq!(parse(",,").unwrap(), MountOptions::default());
+    }
+
+    #[test]
+    fn bad_options_fail_clearly() {
+        let e = parse("compress=brotli").unwrap_err();
+        assert!(e.to_string().contains("brotli"), "{e}");
+        assert!(matches!(
+            parse("compress=zstd:x"),
+            Err(OptionError::Compression { .. })
+        ));
+        assert!(matches!(
+            parse("frobnicate"),
+            Err(OptionError::Unknown { .. })
+        ));
+        assert!(parse("frobnicate")
+            .unwrap_err()
+            .to_string()
+            .contains("compress="));
+        assert!(matches!(
+            parse("autodefrag"),
+            Err(OptionError::BtrfsOnly { .. })
+        ));
+        assert!(matches!(parse("ssd"), Err(OptionError::BtrfsOnly { .. })));
+        assert!(matches!(
+            parse("extent=512K"),
+            Err(OptionError::ExtentAtMount { .. })
+        ));
+        assert!(matches!(
+            parse("cache=lots"),
+            Err(OptionError::BadValue { .. })
+        ));
+        assert!(matches!(parse("cache"), Err(OptionError::BadValue { .. })));
+        assert!(matches!(
+            parse("cache=99999999999G"),
+            Err(OptionError::BadValue { .. })
+        ));
+        assert!(matches!(
+            parse("threads=0"),
+            Err(OptionError::BadValue { .. })
+        ));
+        assert!(matches!(
+            parse("threads=-1"),
+            Err(OptionError::BadValue { .. })
+        ));
+        assert!(matches!(parse("ro=1"), Err(OptionError::BadValue { .. })));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("64M"), Some(64 << 20));
+        assert_eq!(parse_bytes("512k"), Some(512 << 10));
+        assert_eq!(parse_bytes("1GiB"), Some(1 << 30));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("M"), None);
+        assert_eq!(parse_bytes("12Q"), None);
+        assert_eq!(parse_bytes("-1M"), None);
+        assert_eq!(parse_bytes("99999999999999999999"), None);
+    }
+
+    #[test]
+    fn describe_round_trips_policy() {
+        let o = parse("compress-force=zstd:9,cache=32M").unwrap();
+        assert_eq!(o.describe(), "compress-force=zstd:9,rw,cache=32768K");
+        let back = parse(&o.describe().replace("32768K", "32M")).unwrap();
+        assert_eq!(back.policy, o.policy);
+        assert_eq!(
+            parse("compress=no").unwrap().describe(),
+            "compress=no,rw,cache=65536K"
+        );
+    }
+}
