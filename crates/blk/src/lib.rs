@@ -1,1 +1,19 @@
-//! placeholder
+//! compfs blk: a compressed RAM block device in the manner of Linux zram, served over the
+//! Network Block Device protocol.
+//!
+//! - [`pool`]: zsmalloc-like size-class pool that holds compressed pages.
+//! - [`store`]: the page table, same-page and huge-page handling, recompression, writeback and
+//!   zram's statistics.
+//! - [`nbd`]: the NBD protocol (fixed newstyle handshake, simple replies).
+//! - [`server`]: listeners, one thread per connection, and the control channel.
+
+pub mod error;
+pub mod nbd;
+pub mod pool;
+pub mod server;
+pub mod store;
+
+pub use error::BlkError;
+pub use nbd::Export;
+pub use pool::{HUGE_THRESHOLD, PAGE};
+pub use store::{Config, PageKind, PageStore, Stats};

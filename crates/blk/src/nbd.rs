@@ -1,0 +1,503 @@
+//! The NBD protocol (https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md),
+//! server side: fixed newstyle handshake with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME, and the
+//! transmission phase with simple replies. docs/nbd.md lists what is implemented and why this
+//! is not built on the `nbd` crate.
+//!
+//! Parsing is split from I/O: [`Request::parse`] and [`parse_info_option`] are pure functions
+//! over bytes, tested with malformed input; [`handshake`] and [`transmission`] do the I/O over
+//! any `Read`/`Write` pair.
+
+use std::io::{self, Read, Write};
+
+use crate::error::BlkError;
+use crate::store::PageStore;
+
+// Handshake magics and flags.
+pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
+pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
+pub const REPLY_MAGIC_OPT: u64 = 0x0003_e889_0455_65a9;
+pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
+
+// Options.
+pub const OPT_EXPORT_NAME: u32 = 1;
+pub const OPT_ABORT: u32 = 2;
+pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
+pub const OPT_INFO: u32 = 6;
+pub const OPT_GO: u32 = 7;
+
+// Option replies.
+pub const REP_ACK: u32 = 1;
+pub const REP_SERVER: u32 = 2;
+pub const REP_INFO: u32 = 3;
+pub const REP_FLAG_ERROR: u32 = 1 << 31;
+pub const REP_ERR_UNSUP: u32 = REP_FLAG_ERROR | 1;
+pub const REP_ERR_INVALID: u32 = REP_FLAG_ERROR | 3;
+pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
+pub const REP_ERR_TOO_BIG: u32 = REP_FLAG_ERROR | 9;
+
+// NBD_INFO types.
+pub const INFO_EXPORT: u16 = 0;
+pub const INFO_NAME: u16 = 1;
+pub const INFO_DESCRIPTION: u16 = 2;
+pub const INFO_BLOCK_SIZE: u16 = 3;
+
+// Transmission flags.
+pub const TF_HAS_FLAGS: u16 = 1 << 0;
+pub const TF_READ_ONLY: u16 = 1 << 1;
+pub const TF_SEND_FLUSH: u16 = 1 << 2;
+pub const TF_SEND_FUA: u16 = 1 << 3;
+pub const TF_SEND_TRIM: u16 = 1 << 5;
+pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
+pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
+pub const TF_SEND_CACHE: u16 = 1 << 10;
+pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
+
+/// What this server does, advertised truthfully: FLUSH and FUA are accepted (data lives in
+/// memory and every reply is sent after the store has it, so both are satisfied at once);
+/// TRIM and WRITE_ZEROES free pages; CACHE is a no-op success; FAST_ZERO holds because
+/// zeroing never falls back to writing; all connections see one store under page locks, so
+/// MULTI_CONN's consistency guarantee holds.
+pub const TRANSMISSION_FLAGS: u16 = TF_HAS_FLAGS
+    | TF_SEND_FLUSH
+    | TF_SEND_FUA
+    | TF_SEND_TRIM
+    | TF_SEND_WRITE_ZEROES
+    | TF_CAN_MULTI_CONN
+    | TF_SEND_CACHE
+    | TF_SEND_FAST_ZERO;
+
+// Requests and replies.
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
+pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
+pub const CMD_TRIM: u16 = 4;
+pub const CMD_CACHE: u16 = 5;
+pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_FLAG_FUA: u16 = 1 << 0;
+pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+
+// Error numbers on the wire.
+pub const EPERM: u32 = 1;
+pub const EIO: u32 = 5;
+pub const ENOMEM: u32 = 12;
+pub const EINVAL: u32 = 22;
+pub const ENOSPC: u32 = 28;
+pub const EOVERFLOW: u32 = 75;
+pub const ENOTSUP: u32 = 95;
+
+/// Block size constraints sent in NBD_INFO_BLOCK_SIZE: any alignment works (partial pages are
+/// read-modify-written), 4 KiB is the page size, 32 MiB the largest payload.
+pub const MIN_BLOCK: u32 = 1;
+pub const PREFERRED_BLOCK: u32 = 4096;
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Largest option payload read in the handshake: an export name is at most 4096 bytes, plus
+/// the name length and up to a few info requests. Longer options are skipped unread.
+pub const MAX_OPTION: u32 = 8192;
+
+/// Length of a request header on the wire.
+pub const REQUEST_LEN: usize = 28;
+
+/// A transmission request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub flags: u16,
+    pub kind: u16,
+    pub cookie: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Why a request header cannot be used; the connection is closed since framing is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("bad request magic {0:#010x}")]
+    BadMagic(u32),
+}
+
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+fn be64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+impl Request {
+    /// Parses a 28-byte request header.
+    pub fn parse(b: &[u8; REQUEST_LEN]) -> Result<Request, RequestError> {
+        let magic = be32(&b[0..4]);
+        if magic != REQUEST_MAGIC {
+            return Err(RequestError::BadMagic(magic));
+        }
+        Ok(Request {
+            flags: be16(&b[4..6]),
+            kind: be16(&b[6..8]),
+            cookie: be64(&b[8..16]),
+            offset: be64(&b[16..24]),
+            len: be32(&b[24..28]),
+        })
+    }
+
+    /// Encodes the header (for clients and tests).
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&self.flags.to_be_bytes());
+        b[6..8].copy_from_slice(&self.kind.to_be_bytes());
+        b[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        b[24..28].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// Whether the client sends `len` payload bytes after this header.
+    pub fn has_payload(&self) -> bool {
+        self.kind == CMD_WRITE
+    }
+
+    /// The flags this command may carry; anything else is EINVAL.
+    fn allowed_flags(&self) -> u16 {
+        match self.kind {
+            CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
+            CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            _ => CMD_FLAG_FUA,
+        }
+    }
+
+    /// The error the request gets before touching the store, if any: unknown command or flags,
+    /// a payload over the maximum, or a range outside the export (ENOSPC for writes, as the
+    /// spec and nbdkit do; EINVAL otherwise).
+    pub fn validate(&self, size: u64) -> Option<u32> {
+        match self.kind {
+            CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE | CMD_WRITE_ZEROES => {}
+            _ => return Some(EINVAL),
+        }
+        if self.flags & !self.allowed_flags() != 0 {
+            return Some(EINVAL);
+        }
+        if self.kind == CMD_FLUSH {
+            return (self.offset != 0 || self.len != 0).then_some(EINVAL);
+        }
+        if (self.kind == CMD_READ || self.kind == CMD_WRITE) && self.len > MAX_PAYLOAD {
+            return Some(EOVERFLOW);
+        }
+        match self.offset.checked_add(u64::from(self.len)) {
+            Some(end) if end <= size => None,
+            _ if self.kind == CMD_WRITE || self.kind == CMD_WRITE_ZEROES => Some(ENOSPC),
+            _ => Some(EINVAL),
+        }
+    }
+}
+
+/// A parsed NBD_OPT_INFO / NBD_OPT_GO payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InfoOption {
+    pub name: Vec<u8>,
+    pub requests: Vec<u16>,
+}
+
+/// Parses the NBD_OPT_INFO/GO payload: u32 name length, name, u16 count, count × u16. The
+/// lengths must add up exactly.
+pub fn parse_info_option(data: &[u8]) -> Option<InfoOption> {
+    if data.len() < 6 {
+        return None;
+    }
+    let nlen = be32(&data[0..4]) as usize;
+    if nlen > 4096 || data.len() < 4 + nlen + 2 {
+        return None;
+    }
+    let name = data[4..4 + nlen].to_vec();
+    let rest = &data[4 + nlen..];
+    let n = be16(&rest[0..2]) as usize;
+    if rest.len() != 2 + 2 * n {
+        return None;
+    }
+    let requests = rest[2..].chunks_exact(2).map(be16).collect();
+    Some(InfoOption { name, requests })
+}
+
+/// The export this server offers.
+#[derive(Debug, Clone)]
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub size: u64,
+}
+
+impl Export {
+    /// The empty name selects the default (only) export.
+    fn matches(&self, name: &[u8]) -> bool {
+        name.is_empty() || name == self.name.as_bytes()
+    }
+}
+
+fn opt_reply<W: Write>(w: &mut W, opt: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    let mut h = [0u8; 20];
+    h[0..8].copy_from_slice(&REPLY_MAGIC_OPT.to_be_bytes());
+    h[8..12].copy_from_slice(&opt.to_be_bytes());
+    h[12..16].copy_from_slice(&kind.to_be_bytes());
+    h[16..20].copy_from_slice(&(data.len() as u32).to_be_bytes());
+    w.write_all(&h)?;
+    w.write_all(data)
+}
+
+fn info_export(size: u64) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
+    b[2..10].copy_from_slice(&size.to_be_bytes());
+    b[10..12].copy_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+    b
+}
+
+fn info_block_size() -> [u8; 14] {
+    let mut b = [0u8; 14];
+    b[0..2].copy_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    b[2..6].copy_from_slice(&MIN_BLOCK.to_be_bytes());
+    b[6..10].copy_from_slice(&PREFERRED_BLOCK.to_be_bytes());
+    b[10..14].copy_from_slice(&MAX_PAYLOAD.to_be_bytes());
+    b
+}
+
+fn proto(msg: impl Into<String>) -> BlkError {
+    BlkError::Protocol(msg.into())
+}
+
+fn io_err(what: &str) -> impl FnOnce(io::Error) -> BlkError + '_ {
+    move |e| BlkError::io(what, e)
+}
+
+/// How the handshake ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handshake {
+    /// The client selected the export: go on to transmission.
+    Transmission,
+    /// The client aborted or left cleanly.
+    Closed,
+}
+
+/// Runs the fixed newstyle handshake. Malformed input ends it with an error (the caller closes
+/// the connection); nothing the client sends is buffered beyond [`MAX_OPTION`] bytes.
+pub fn handshake<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    export: &Export,
+) -> Result<Handshake, BlkError> {
+    let mut hello = [0u8; 18];
+    hello[0..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+    hello[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+    hello[16..18].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    w.write_all(&hello).map_err(io_err("handshake write"))?;
+    w.flush().map_err(io_err("handshake write"))?;
+    let mut cf = [0u8; 4];
+    r.read_exact(&mut cf).map_err(io_err("client flags"))?;
+    let client_flags = be32(&cf);
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(proto(format!("unknown client flags {client_flags:#x}")));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut data = Vec::new();
+    loop {
+        let mut h = [0u8; 16];
+        match r.read_exact(&mut h) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Handshake::Closed),
+            Err(e) => return Err(BlkError::io("option header", e)),
+        }
+        let magic = be64(&h[0..8]);
+        if magic != IHAVEOPT {
+            return Err(proto(format!("bad option magic {magic:#018x}")));
+        }
+        let opt = be32(&h[8..12]);
+        let len = be32(&h[12..16]);
+        if len > MAX_OPTION {
+            // Skip the payload without keeping it, then refuse.
+            let skipped = io::copy(&mut r.by_ref().take(u64::from(len)), &mut io::sink())
+                .map_err(io_err("option payload"))?;
+            if skipped != u64::from(len) || opt == OPT_EXPORT_NAME {
+                return Err(proto("oversized option"));
+            }
+            opt_reply(w, opt, REP_ERR_TOO_BIG, b"option too large")
+                .map_err(io_err("option reply"))?;
+            w.flush().map_err(io_err("option reply"))?;
+            continue;
+        }
+        data.resize(len as usize, 0);
+        r.read_exact(&mut data).map_err(io_err("option payload"))?;
+        match opt {
+            OPT_EXPORT_NAME => {
+                if !export.matches(&data) {
+                    // The spec's only answer to an unknown name here is to close.
+                    return Err(proto("unknown export name"));
+                }
+                let mut b = [0u8; 10 + 124];
+                b[0..8].copy_from_slice(&export.size.to_be_bytes());
+                b[8..10].copy_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                let n = if no_zeroes { 10 } else { 10 + 124 };
+                w.write_all(&b[..n]).map_err(io_err("export reply"))?;
+                w.flush().map_err(io_err("export reply"))?;
+                return Ok(Handshake::Transmission);
+            }
+            OPT_ABORT => {
+                // Best effort: the client may already have gone.
+                let _ = opt_reply(w, opt, REP_ACK, &[]).and_then(|_| w.flush());
+                return Ok(Handshake::Closed);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    opt_reply(w, opt, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")
+                } else {
+                    let mut d = (export.name.len() as u32).to_be_bytes().to_vec();
+                    d.extend_from_slice(export.name.as_bytes());
+                    opt_reply(w, opt, REP_SERVER, &d).and_then(|_| opt_reply(w, opt, REP_ACK, &[]))
+                }
+                .map_err(io_err("option reply"))?;
+            }
+            OPT_INFO | OPT_GO => match parse_info_option(&data) {
+                None => opt_reply(w, opt, REP_ERR_INVALID, b"malformed NBD_OPT_INFO/GO")
+                    .map_err(io_err("option reply"))?,
+                Some(info) if !export.matches(&info.name) => {
+                    opt_reply(w, opt, REP_ERR_UNKNOWN, b"no such export")
+                        .map_err(io_err("option reply"))?
+                }
+                Some(info) => {
+                    let mut send = || -> io::Result<()> {
+                        opt_reply(w, opt, REP_INFO, &info_export(export.size))?;
+                        opt_reply(w, opt, REP_INFO, &info_block_size())?;
+                        if info.requests.contains(&INFO_NAME) {
+                            let mut d = INFO_NAME.to_be_bytes().to_vec();
+                            d.extend_from_slice(export.name.as_bytes());
+                            opt_reply(w, opt, REP_INFO, &d)?;
+                        }
+                        if info.requests.contains(&INFO_DESCRIPTION) {
+                            let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                            d.extend_from_slice(export.description.as_bytes());
+                            opt_reply(w, opt, REP_INFO, &d)?;
+                        }
+                        opt_reply(w, opt, REP_ACK, &[])
+                    };
+                    send().map_err(io_err("option reply"))?;
+                    if opt == OPT_GO {
+                        w.flush().map_err(io_err("option reply"))?;
+                        return Ok(Handshake::Transmission);
+                    }
+                }
+            },
+            OPT_STARTTLS => opt_reply(w, opt, REP_ERR_UNSUP, b"TLS is not supported")
+                .map_err(io_err("option reply"))?,
+            _ => opt_reply(w, opt, REP_ERR_UNSUP, b"unsupported option")
+                .map_err(io_err("option reply"))?,
+        }
+        w.flush().map_err(io_err("option reply"))?;
+    }
+}
+
+fn simple_reply<W: Write>(w: &mut W, error: u32, cookie: u64, data: &[u8]) -> io::Result<()> {
+    let mut h = [0u8; 16];
+    h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    h[4..8].copy_from_slice(&error.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    w.write_all(&h)?;
+    w.write_all(data)?;
+    w.flush()
+}
+
+/// Serves requests until the client disconnects (NBD_CMD_DISC or EOF). A bad request magic or a
+/// write larger than [`MAX_PAYLOAD`] closes the connection (the payload cannot be trusted);
+/// everything else gets an error reply and the connection goes on. Memory per connection is
+/// bounded by one payload buffer of at most [`MAX_PAYLOAD`] bytes.
+pub fn transmission<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    store: &PageStore,
+) -> Result<(), BlkError> {
+    let size = store.size();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let mut h = [0u8; REQUEST_LEN];
+        match r.read_exact(&mut h) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(BlkError::io("request header", e)),
+        }
+        let req = Request::parse(&h).map_err(|e| proto(e.to_string()))?;
+        if req.kind == CMD_DISC {
+            return Ok(());
+        }
+        let len = req.len as usize;
+        if let Some(errno) = req.validate(size) {
+            store.count_invalid();
+            if req.has_payload() {
+                if req.len > MAX_PAYLOAD {
+                    let _ = simple_reply(w, errno, req.cookie, &[]);
+                    return Err(proto(format!(
+                        "write of {} bytes exceeds the maximum",
+                        req.len
+                    )));
+                }
+                let got = io::copy(&mut r.by_ref().take(u64::from(req.len)), &mut io::sink())
+                    .map_err(io_err("write payload"))?;
+                if got != u64::from(req.len) {
+                    return Ok(());
+                }
+            }
+            simple_reply(w, errno, req.cookie, &[]).map_err(io_err("reply"))?;
+            continue;
+        }
+        let result = match req.kind {
+            CMD_READ => {
+                buf.resize(len, 0);
+                match store.read(req.offset, &mut buf[..len]) {
+                    Ok(()) => {
+                        simple_reply(w, 0, req.cookie, &buf[..len]).map_err(io_err("reply"))?;
+                        shrink(&mut buf);
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            CMD_WRITE => {
+                buf.resize(len, 0);
+                r.read_exact(&mut buf[..len])
+                    .map_err(io_err("write payload"))?;
+                store.write(req.offset, &buf[..len])
+            }
+            CMD_FLUSH | CMD_CACHE => Ok(()),
+            CMD_TRIM => store.trim(req.offset, u64::from(req.len)),
+            CMD_WRITE_ZEROES => store.write_zeroes(
+                req.offset,
+                u64::from(req.len),
+                req.flags & CMD_FLAG_NO_HOLE != 0,
+            ),
+            // validate() lets only the kinds above through.
+            _ => Ok(()),
+        };
+        let errno = match &result {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::debug!("request {:?} failed: {e}", req);
+                e.errno()
+            }
+        };
+        simple_reply(w, errno, req.cookie, &[]).map_err(io_err("reply"))?;
+        shrink(&mut buf);
+    }
+}
+
+/// Drops a payload buffer grown by an unusually large request so idle connections stay small.
+fn shrink(buf: &mut Vec<u8>) {
+    if buf.capacity() > 8 << 20 {
+        *buf = Vec::new();
+    }
+}

@@ -1,0 +1,551 @@
+//! A size-class object pool in the manner of zsmalloc (mm/zsmalloc.c), which zram stores its
+//! compressed pages in.
+//!
+//! Objects are grouped into classes every [`CLASS_STEP`] bytes up to the huge threshold
+//! ([`HUGE_THRESHOLD`], 3/4 of a page like zram's `huge_class_size`); one more class holds raw
+//! 4 KiB pages. Each class allocates "zspages": runs of 1 to [`MAX_ZSPAGE_PAGES`] pages (the
+//! count that wastes the least tail space for the class size) cut into equal slots. Objects
+//! are addressed through handles, so [`Pool::compact`] can move them from sparse zspages into
+//! fuller ones and free the emptied zspages without the caller's table changing.
+//!
+//! Memory accounting is honest: [`Pool::used_bytes`] counts every zspage page plus the pool's
+//! own bookkeeping (slot owners, handle maps, free lists), i.e. what the pool really holds.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The page size: the unit zram compresses and the unit of a zspage.
+pub const PAGE: usize = 4096;
+/// Granularity of the size classes (zsmalloc uses 16 bytes on 4 KiB pages with 4-page zspages;
+/// 32 keeps the per-object rounding under 1% for typical 1-3 KiB objects).
+pub const CLASS_STEP: usize = 32;
+/// Objects larger than this are not worth compressing: the page is stored raw in the huge
+/// class, as zram does past `huge_class_size` (about 3/4 of a page).
+pub const HUGE_THRESHOLD: usize = PAGE * 3 / 4;
+/// Number of classes: the compressed ones plus the huge (raw page) class.
+pub const NUM_CLASSES: usize = HUGE_THRESHOLD / CLASS_STEP + 1;
+/// The class index that holds raw pages.
+pub const HUGE_CLASS: usize = NUM_CLASSES - 1;
+/// zsmalloc's historical `ZS_MAX_PAGES_PER_ZSPAGE`.
+pub const MAX_ZSPAGE_PAGES: usize = 4;
+
+const FREE: u32 = u32::MAX;
+
+/// Where an object lives: its class and its handle within the class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjRef {
+    pub class: u8,
+    pub handle: u32,
+}
+
+/// The pool refused an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// Allocating another zspage would exceed the memory limit.
+    #[error("memory limit of {limit} bytes reached")]
+    Limit { limit: u64 },
+    /// The object is larger than a page.
+    #[error("object of {0} bytes is larger than a page")]
+    TooLarge(usize),
+    /// More objects than handles can address.
+    #[error("object handle space exhausted")]
+    Handles,
+}
+
+/// The class an object of `len` bytes goes to.
+pub fn class_of(len: usize) -> usize {
+    if len > HUGE_THRESHOLD {
+        HUGE_CLASS
+    } else {
+        len.max(1).div_ceil(CLASS_STEP) - 1
+    }
+}
+
+/// The slot size of a class.
+pub fn class_size(class: usize) -> usize {
+    if class >= HUGE_CLASS {
+        PAGE
+    } else {
+        (class + 1) * CLASS_STEP
+    }
+}
+
+/// Pages per zspage for a slot size: the count in 1..=4 that leaves the smallest fraction of the
+/// zspage unused (zsmalloc's `get_pages_per_zspage`).
+pub fn pages_per_zspage(size: usize) -> usize {
+    let mut best = 1;
+    let mut best_used = 0usize; // in parts per million
+    for k in 1..=MAX_ZSPAGE_PAGES {
+        let bytes = k * PAGE;
+        let used = (bytes / size) * size * 1_000_000 / bytes;
+        if used > best_used {
+            best_used = used;
+            best = k;
+        }
+    }
+    best
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    zspage: u32,
+    slot: u32,
+}
+
+#[derive(Debug)]
+struct ZsPage {
+    mem: Box<[u8]>,
+    /// Slot → handle owning it, or FREE.
+    owners: Box<[u32]>,
+    used: u32,
+}
+
+impl ZsPage {
+    fn free_slot(&self) -> Option<usize> {
+        self.owners.iter().position(|&o| o == FREE)
+    }
+}
+
+#[derive(Debug)]
+struct Class {
+    size: usize,
+    pages: usize,
+    objs: usize,
+    zspages: Vec<Option<ZsPage>>,
+    free_ids: Vec<u32>,
+    /// zspages with at least one free slot.
+    partial: BTreeSet<u32>,
+    handles: Vec<Loc>,
+    free_handles: Vec<u32>,
+    live_zspages: usize,
+    /// What `bytes()` returned after the last change, to update the pool total by the delta.
+    accounted: u64,
+}
+
+/// Approximate heap cost of one BTreeSet element (node share of key + pointers).
+const SET_ELEM_COST: u64 = 16;
+
+impl Class {
+    fn new(class: usize) -> Class {
+        let size = class_size(class);
+        let pages = if class >= HUGE_CLASS {
+            1
+        } else {
+            pages_per_zspage(size)
+        };
+        Class {
+            size,
+            pages,
+            objs: pages * PAGE / size,
+            zspages: Vec::new(),
+            free_ids: Vec::new(),
+            partial: BTreeSet::new(),
+            handles: Vec::new(),
+            free_handles: Vec::new(),
+            live_zspages: 0,
+            accounted: 0,
+        }
+    }
+
+    fn zspage_bytes(&self) -> u64 {
+        (self.pages * PAGE + self.objs * 4 + std::mem::size_of::<ZsPage>()) as u64
+    }
+
+    /// Everything this class holds on the heap.
+    fn bytes(&self) -> u64 {
+        self.live_zspages as u64 * self.zspage_bytes()
+            + (self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>()) as u64
+            + (self.free_ids.capacity() * 4) as u64
+            + self.partial.len() as u64 * SET_ELEM_COST
+            + (self.handles.capacity() * std::mem::size_of::<Loc>()) as u64
+            + (self.free_handles.capacity() * 4) as u64
+    }
+
+    fn slot_range(&self, slot: usize) -> std::ops::Range<usize> {
+        slot * self.size..(slot + 1) * self.size
+    }
+
+    fn new_handle(&mut self, loc: Loc) -> Result<u32, PoolError> {
+        if let Some(h) = self.free_handles.pop() {
+            self.handles[h as usize] = loc;
+            return Ok(h);
+        }
+        let h = u32::try_from(self.handles.len()).map_err(|_| PoolError::Handles)?;
+        if h == FREE {
+            return Err(PoolError::Handles);
+        }
+        self.handles.push(loc);
+        Ok(h)
+    }
+
+    fn get(&self, handle: u32) -> Option<(&ZsPage, Loc)> {
+        let loc = *self.handles.get(handle as usize)?;
+        let zp = self.zspages.get(loc.zspage as usize)?.as_ref()?;
+        (zp.owners.get(loc.slot as usize) == Some(&handle)).then_some((zp, loc))
+    }
+
+    fn release_zspage(&mut self, id: u32) {
+        self.zspages[id as usize] = None;
+        self.partial.remove(&id);
+        self.free_ids.push(id);
+        self.live_zspages -= 1;
+    }
+}
+
+/// The pool: one lock per class, so allocations of different sizes and all reads proceed in
+/// parallel.
+#[derive(Debug)]
+pub struct Pool {
+    classes: Box<[RwLock<Class>]>,
+    used: AtomicU64,
+    max: AtomicU64,
+    limit: AtomicU64,
+    compacted: AtomicU64,
+}
+
+fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    // A poisoned lock means a panic while holding it; the class data is still structurally
+    // valid (every mutation is completed before any call that could panic), so carry on.
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Pool {
+    /// A pool that refuses to grow past `limit` bytes (0: no limit).
+    pub fn new(limit: u64) -> Pool {
+        Pool {
+            classes: (0..NUM_CLASSES)
+                .map(|c| RwLock::new(Class::new(c)))
+                .collect(),
+            used: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+            limit: AtomicU64::new(limit),
+            compacted: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes the pool holds: zspage pages plus bookkeeping.
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The largest `used_bytes` seen since creation or the last reset of the maximum.
+    pub fn max_bytes(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    pub fn reset_max(&self) {
+        self.max.store(self.used_bytes(), Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Pages freed by compaction so far (zram's `pages_compacted`).
+    pub fn pages_compacted(&self) -> u64 {
+        self.compacted.load(Ordering::Relaxed)
+    }
+
+    pub fn reset_compacted(&self) {
+        self.compacted.store(0, Ordering::Relaxed);
+    }
+
+    fn account(&self, c: &mut Class) {
+        let now = c.bytes();
+        if now >= c.accounted {
+            let v = self.used.fetch_add(now - c.accounted, Ordering::Relaxed) + (now - c.accounted);
+            self.max.fetch_max(v, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub(c.accounted - now, Ordering::Relaxed);
+        }
+        c.accounted = now;
+    }
+
+    /// Stores `data` and returns its reference.
+    pub fn alloc(&self, data: &[u8]) -> Result<ObjRef, PoolError> {
+        if data.len() > PAGE {
+            return Err(PoolError::TooLarge(data.len()));
+        }
+        let class = class_of(data.len());
+        let mut c = write_lock(&self.classes[class]);
+        let id = match c.partial.first() {
+            Some(&id) => id,
+            None => {
+                let limit = self.limit();
+                if limit != 0 && self.used_bytes() + c.zspage_bytes() > limit {
+                    return Err(PoolError::Limit { limit });
+                }
+                let zp = ZsPage {
+                    mem: vec![0u8; c.pages * PAGE].into_boxed_slice(),
+                    owners: vec![FREE; c.objs].into_boxed_slice(),
+                    used: 0,
+                };
+                let id = match c.free_ids.pop() {
+                    Some(id) => {
+                        c.zspages[id as usize] = Some(zp);
+                        id
+                    }
+                    None => {
+                        let id = u32::try_from(c.zspages.len()).map_err(|_| PoolError::Handles)?;
+                        c.zspages.push(Some(zp));
+                        id
+                    }
+                };
+                c.live_zspages += 1;
+                c.partial.insert(id);
+                id
+            }
+        };
+        let objs = c.objs;
+        let slot = match c.zspages[id as usize].as_ref().and_then(ZsPage::free_slot) {
+            Some(s) => s,
+            // Unreachable by construction (ids in `partial` are live and have a free slot);
+            // report rather than panic.
+            None => return Err(PoolError::Handles),
+        };
+        let handle = c.new_handle(Loc {
+            zspage: id,
+            slot: slot as u32,
+        })?;
+        let range = c.slot_range(slot);
+        if let Some(zp) = c.zspages[id as usize].as_mut() {
+            zp.mem[range.start..range.start + data.len()].copy_from_slice(data);
+            zp.owners[slot] = handle;
+            zp.used += 1;
+            if zp.used as usize == objs {
+                c.partial.remove(&id);
+            }
+        }
+        self.account(&mut c);
+        Ok(ObjRef {
+            class: class as u8,
+            handle,
+        })
+    }
+
+    /// Runs `f` on the first `len` bytes of the object. `None` if the reference is dangling.
+    pub fn with<R>(&self, obj: ObjRef, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let c = read_lock(self.classes.get(obj.class as usize)?);
+        let (zp, loc) = c.get(obj.handle)?;
+        if len > c.size {
+            return None;
+        }
+        let start = loc.slot as usize * c.size;
+        Some(f(&zp.mem[start..start + len]))
+    }
+
+    /// Frees an object; freeing a dangling reference does nothing.
+    pub fn free(&self, obj: ObjRef) {
+        let Some(lock) = self.classes.get(obj.class as usize) else {
+            return;
+        };
+        let mut c = write_lock(lock);
+        let Some((_, loc)) = c.get(obj.handle) else {
+            return;
+        };
+        let objs = c.objs;
+        let mut empty = false;
+        if let Some(zp) = c.zspages[loc.zspage as usize].as_mut() {
+            zp.owners[loc.slot as usize] = FREE;
+            zp.used -= 1;
+            empty = zp.used == 0;
+        }
+        if empty {
+            c.release_zspage(loc.zspage);
+        } else if objs > 1 {
+            c.partial.insert(loc.zspage);
+        }
+        if c.live_zspages == 0 {
+            // No object is left, so no handle is outstanding: drop the bookkeeping too.
+            c.zspages = Vec::new();
+            c.free_ids = Vec::new();
+            c.handles = Vec::new();
+            c.free_handles = Vec::new();
+            c.partial.clear();
+        } else {
+            c.free_handles.push(obj.handle);
+        }
+        self.account(&mut c);
+    }
+
+    /// Moves objects out of the sparsest zspages of every class into the fullest ones and frees
+    /// the zspages that become empty. Returns the number of pages freed.
+    pub fn compact(&self) -> u64 {
+        let mut freed = 0u64;
+        let mut tmp = vec![0u8; PAGE];
+        for lock in self.classes.iter() {
+            let mut c = write_lock(lock);
+            let mut ids: Vec<(u32, u32)> = c
+                .zspages
+                .iter()
+                .enumerate()
+                .filter_map(|(i, z)| z.as_ref().map(|z| (z.used, i as u32)))
+                .filter(|&(used, _)| (used as usize) < c.objs)
+                .collect();
+            ids.sort_unstable();
+            // Two pointers: `lo` is the sparsest source, `hi` the fullest non-full destination.
+            let (mut lo, mut hi) = (0usize, ids.len());
+            while lo + 1 < hi {
+                let src = ids[lo].1;
+                let dst = ids[hi - 1].1;
+                let size = c.size;
+                let objs = c.objs;
+                // Take one object from src.
+                let Some(szp) = c.zspages[src as usize].as_ref() else {
+                    lo += 1;
+                    continue;
+                };
+                let Some(s_slot) = szp.owners.iter().position(|&o| o != FREE) else {
+                    c.release_zspage(src);
+                    freed += c.pages as u64;
+                    lo += 1;
+                    continue;
+                };
+                let handle = szp.owners[s_slot];
+                tmp[..size].copy_from_slice(&szp.mem[s_slot * size..(s_slot + 1) * size]);
+                let Some(dzp) = c.zspages[dst as usize].as_mut() else {
+                    hi -= 1;
+                    continue;
+                };
+                let Some(d_slot) = dzp.free_slot() else {
+                    c.partial.remove(&dst);
+                    hi -= 1;
+                    continue;
+                };
+                dzp.mem[d_slot * size..(d_slot + 1) * size].copy_from_slice(&tmp[..size]);
+                dzp.owners[d_slot] = handle;
+                dzp.used += 1;
+                let dst_full = dzp.used as usize == objs;
+                c.handles[handle as usize] = Loc {
+                    zspage: dst,
+                    slot: d_slot as u32,
+                };
+                let mut src_empty = false;
+                if let Some(szp) = c.zspages[src as usize].as_mut() {
+                    szp.owners[s_slot] = FREE;
+                    szp.used -= 1;
+                    src_empty = szp.used == 0;
+                }
+                if dst_full {
+                    c.partial.remove(&dst);
+                    hi -= 1;
+                }
+                if src_empty {
+                    c.release_zspage(src);
+                    freed += c.pages as u64;
+                    lo += 1;
+                }
+            }
+            // Shrink the bookkeeping vectors that the moves left oversized.
+            while matches!(c.zspages.last(), Some(None)) {
+                c.zspages.pop();
+            }
+            let n = c.zspages.len() as u32;
+            c.free_ids.retain(|&id| id < n);
+            c.free_ids.shrink_to_fit();
+            c.zspages.shrink_to_fit();
+            self.account(&mut c);
+        }
+        self.compacted.fetch_add(freed, Ordering::Relaxed);
+        freed
+    }
+
+    /// Number of live zspage pages, for tests and the summary.
+    pub fn pool_pages(&self) -> u64 {
+        self.classes
+            .iter()
+            .map(|l| {
+                let c = read_lock(l);
+                (c.live_zspages * c.pages) as u64
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert_eq!(class_of(1), 0);
+        assert_eq!(class_of(32), 0);
+        assert_eq!(class_of(33), 1);
+        assert_eq!(class_of(HUGE_THRESHOLD), HUGE_CLASS - 1);
+        assert_eq!(class_of(HUGE_THRESHOLD + 1), HUGE_CLASS);
+        assert_eq!(class_size(HUGE_CLASS), PAGE);
+        for c in 0..NUM_CLASSES {
+            let s = class_size(c);
+            let k = pages_per_zspage(s);
+            assert!((1..=MAX_ZSPAGE_PAGES).contains(&k));
+            // Tail waste stays under one slot and under 1/8 of the zspage for every class.
+            let waste = (k * PAGE) % s;
+            assert!(
+                waste * 8 <= k * PAGE,
+                "class {c} size {s} k {k} waste {waste}"
+            );
+        }
+    }
+
+    #[test]
+    fn alloc_read_free_compact() {
+        let pool = Pool::new(0);
+        let mut refs = Vec::new();
+        for i in 0..200u32 {
+            let data: Vec<u8> = (0..1000 + i as usize)
+                .map(|b| (b as u32 ^ i) as u8)
+                .collect();
+            refs.push((pool.alloc(&data).unwrap(), data));
+        }
+        for (r, d) in &refs {
+            assert_eq!(pool.with(*r, d.len(), |s| s.to_vec()).unwrap(), *d);
+        }
+        let before = pool.pool_pages();
+        // Free every other object: half the memory is now fragmentation.
+        for (i, (r, _)) in refs.iter().enumerate() {
+            if i % 2 == 0 {
+                pool.free(*r);
+            }
+        }
+        let freed = pool.compact();
+        assert!(freed > 0);
+        assert_eq!(pool.pages_compacted(), freed);
+        assert!(pool.pool_pages() < before);
+        for (i, (r, d)) in refs.iter().enumerate() {
+            if i % 2 == 1 {
+                assert_eq!(pool.with(*r, d.len(), |s| s.to_vec()).unwrap(), *d);
+            } else {
+                assert!(pool.with(*r, d.len(), |_| ()).is_none());
+            }
+        }
+        for (i, (r, _)) in refs.iter().enumerate() {
+            if i % 2 == 1 {
+                pool.free(*r);
+            }
+        }
+        assert_eq!(pool.pool_pages(), 0);
+        pool.compact();
+    }
+
+    #[test]
+    fn limit_refuses_growth() {
+        let pool = Pool::new(64 * 1024);
+        let page = vec![7u8; PAGE];
+        let mut n = 0;
+        loop {
+            match pool.alloc(&page) {
+                Ok(_) => n += 1,
+                Err(PoolError::Limit { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(n > 10 && n < 16, "{n}");
+        assert!(pool.used_bytes() <= 64 * 1024);
+        assert!(pool.alloc(&[1u8; PAGE + 1]).is_err());
+    }
+}

@@ -1,0 +1,266 @@
+//! Listening sockets: the NBD listener (one thread per connection) and the control channel.
+//!
+//! The control channel is a Unix socket (by default `<nbd socket>.ctl`) speaking a line
+//! protocol: the client sends one command line, the server answers with zero or more lines and
+//! then `ok` or `error <message>`, and closes. docs/nbd.md documents the commands.
+
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::BlkError;
+use crate::nbd::{self, Export, Handshake};
+use crate::store::{PageKind, PageStore};
+
+/// Connections served at once; more are closed at accept so a flood cannot exhaust memory
+/// (each connection may hold one payload buffer of up to 32 MiB).
+pub const MAX_CONNECTIONS: usize = 64;
+/// A client has this long to finish each handshake step.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest control command line accepted.
+const MAX_CONTROL_LINE: u64 = 1024;
+
+/// The control socket that belongs to an NBD socket path: `PATH.ctl` (a path that already ends
+/// in `.ctl` is taken as the control socket itself).
+pub fn control_path(socket: &Path) -> PathBuf {
+    if socket.extension().is_some_and(|e| e == "ctl") {
+        socket.to_path_buf()
+    } else {
+        let mut s = socket.as_os_str().to_owned();
+        s.push(".ctl");
+        PathBuf::from(s)
+    }
+}
+
+/// Binds a Unix socket, replacing a stale socket file that nothing listens on and refusing to
+/// steal one a live server owns.
+pub fn bind_unix(path: &Path) -> Result<UnixListener, BlkError> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(BlkError::Remote(format!(
+                "{} is in use by a running server; stop it or choose another --socket",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| BlkError::io(format!("cannot remove stale {}", path.display()), e))?;
+    }
+    UnixListener::bind(path).map_err(|e| BlkError::io(format!("cannot bind {}", path.display()), e))
+}
+
+/// A stream the server can serve NBD on.
+pub trait Conn: Read + Write + Send + Sized + 'static {
+    fn try_clone_conn(&self) -> std::io::Result<Self>;
+    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl Conn for UnixStream {
+    fn try_clone_conn(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+impl Conn for TcpStream {
+    fn try_clone_conn(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+/// Serves one NBD connection to its end.
+pub fn serve_connection<S: Conn>(
+    stream: S,
+    store: &PageStore,
+    export: &Export,
+) -> Result<(), BlkError> {
+    stream
+        .set_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(|e| BlkError::io("socket timeout", e))?;
+    let reader = stream
+        .try_clone_conn()
+        .map_err(|e| BlkError::io("socket clone", e))?;
+    let mut r = BufReader::with_capacity(128 * 1024, reader);
+    let mut w = BufWriter::with_capacity(128 * 1024, stream);
+    match nbd::handshake(&mut r, &mut w, export)? {
+        Handshake::Closed => return Ok(()),
+        Handshake::Transmission => {}
+    }
+    r.get_ref()
+        .set_timeout(None)
+        .map_err(|e| BlkError::io("socket timeout", e))?;
+    nbd::transmission(&mut r, &mut w, store)
+}
+
+fn spawn_connection<S: Conn>(
+    stream: S,
+    store: &Arc<PageStore>,
+    export: &Arc<Export>,
+    active: &Arc<AtomicUsize>,
+) {
+    if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+        active.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("refusing connection: {MAX_CONNECTIONS} already open");
+        return;
+    }
+    let (store, export, active) = (store.clone(), export.clone(), active.clone());
+    let spawned = std::thread::Builder::new()
+        .name("nbd-conn".into())
+        .spawn(move || {
+            if let Err(e) = serve_connection(stream, &store, &export) {
+                tracing::info!("connection closed: {e}");
+            }
+            active.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start connection thread: {e}");
+    }
+}
+
+/// Accepts NBD connections on a Unix socket forever.
+pub fn serve_unix(listener: UnixListener, store: Arc<PageStore>, export: Export) {
+    let export = Arc::new(export);
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        match stream {
+            Ok(s) => spawn_connection(s, &store, &export, &active),
+            Err(e) => tracing::warn!("accept failed: {e}"),
+        }
+    }
+}
+
+/// Accepts NBD connections on a TCP socket forever.
+pub fn serve_tcp(listener: TcpListener, store: Arc<PageStore>, export: Export) {
+    let export = Arc::new(export);
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        match stream {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                spawn_connection(s, &store, &export, &active)
+            }
+            Err(e) => tracing::warn!("accept failed: {e}"),
+        }
+    }
+}
+
+/// Runs one control command against the store and returns the reply lines (without the final
+/// `ok`).
+pub fn control_command(store: &PageStore, line: &str) -> Result<Vec<String>, BlkError> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let bad = |msg: &str| Err(BlkError::Remote(msg.to_string()));
+    match words.as_slice() {
+        ["stat"] => {
+            let s = store.stats();
+            let codecs: Vec<String> = store.codecs().iter().map(|c| c.to_string()).collect();
+            Ok(vec![
+                format!("mm_stat {}", s.mm_stat()),
+                format!("io_stat {}", s.io_stat()),
+                format!("bd_stat {}", s.bd_stat()),
+                format!("disksize {}", s.disksize),
+                format!("table_bytes {}", s.table_bytes),
+                format!("algorithms {}", codecs.join(" ")),
+            ])
+        }
+        ["mark-idle"] => Ok(vec![format!("marked {}", store.mark_idle())]),
+        ["compact"] => Ok(vec![format!("compacted {}", store.compact())]),
+        ["reset"] => {
+            store.reset();
+            Ok(vec![])
+        }
+        ["recompress", kind, rest @ ..] if rest.len() <= 1 => {
+            let kind: PageKind = kind.parse().map_err(BlkError::Remote)?;
+            let threshold = match rest.first() {
+                Some(t) => t.parse::<u64>().map_err(|_| {
+                    BlkError::Remote(format!("bad threshold '{t}': use a byte count"))
+                })?,
+                None => 0,
+            };
+            Ok(vec![format!(
+                "recompressed {}",
+                store.recompress(kind, threshold)?
+            )])
+        }
+        ["writeback", kind] => {
+            let kind: PageKind = kind.parse().map_err(BlkError::Remote)?;
+            Ok(vec![format!("written {}", store.writeback(kind)?)])
+        }
+        [] => bad("empty command"),
+        _ => bad("unknown command; use stat, mark-idle, compact, reset, recompress idle|huge [THRESHOLD], writeback idle|huge"),
+    }
+}
+
+fn handle_control(stream: UnixStream, store: &PageStore) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new((&stream).take(MAX_CONTROL_LINE)).read_line(&mut line)?;
+    let mut w = BufWriter::new(&stream);
+    match control_command(store, line.trim()) {
+        Ok(lines) => {
+            for l in lines {
+                writeln!(w, "{l}")?;
+            }
+            writeln!(w, "ok")?;
+        }
+        Err(e) => writeln!(w, "error {}", e.to_string().replace('\n', " "))?,
+    }
+    w.flush()
+}
+
+/// Serves the control channel forever (one short-lived thread per command).
+pub fn serve_control(listener: UnixListener, store: Arc<PageStore>) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(s) => {
+                let store = store.clone();
+                let _ = std::thread::Builder::new()
+                    .name("nbd-control".into())
+                    .spawn(move || {
+                        if let Err(e) = handle_control(s, &store) {
+                            tracing::info!("control connection: {e}");
+                        }
+                    });
+            }
+            Err(e) => tracing::warn!("control accept failed: {e}"),
+        }
+    }
+}
+
+/// Sends one command to a server's control socket; returns its reply lines or its error.
+pub fn control_request(path: &Path, command: &str) -> Result<Vec<String>, BlkError> {
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        BlkError::io(
+            format!(
+                "cannot connect to control socket {} (is `compfs blk serve` running?)",
+                path.display()
+            ),
+            e,
+        )
+    })?;
+    // Recompression or writeback of a large device can take a while; do not hang forever.
+    s.set_read_timeout(Some(Duration::from_secs(3600)))
+        .map_err(|e| BlkError::io("control socket", e))?;
+    writeln!(s, "{command}").map_err(|e| BlkError::io("control socket write", e))?;
+    let mut lines = Vec::new();
+    for l in BufReader::new(s.take(1 << 20)).lines() {
+        let l = l.map_err(|e| BlkError::io("control socket read", e))?;
+        if l == "ok" {
+            return Ok(lines);
+        }
+        if let Some(msg) = l.strip_prefix("error ") {
+            return Err(BlkError::Remote(msg.to_string()));
+        }
+        lines.push(l);
+    }
+    Err(BlkError::Protocol(
+        "control socket closed without a status line".into(),
+    ))
+}
