@@ -1,0 +1,233 @@
+//! The storage seam for segment files: every byte of file data goes through a [`Backend`], so
+//! tests can inject failures (EIO, ENOSPC) and torn writes at chosen points with
+//! [`FaultBackend`]. The metadata database is redb's own file.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One open segment file.
+pub trait SegFile: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}
+
+/// File operations on the segment directory.
+pub trait Backend: Send + Sync {
+    /// Creates a new file (fails if it exists), opened for reading and writing.
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>>;
+    /// Opens an existing file, for writing too when `write`.
+    fn open(&self, path: &Path, write: bool) -> io::Result<Arc<dyn SegFile>>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// `fsync` of a directory, making creations and removals in it durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdBackend;
+
+struct StdFile(File);
+
+impl SegFile for StdFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(&self.0, buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(&self.0, buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Backend for StdBackend {
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Arc::new(StdFile(f)))
+    }
+    fn open(&self, path: &Path, write: bool) -> io::Result<Arc<dyn SegFile>> {
+        let f = OpenOptions::new().read(true).write(write).open(path)?;
+        Ok(Arc::new(StdFile(f)))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+}
+
+/// Which operation a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultOp {
+    Write,
+    Sync,
+    Create,
+}
+
+/// What happens at the chosen operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Fail with EIO, writing nothing.
+    Eio,
+    /// Fail with ENOSPC, writing nothing.
+    NoSpace,
+    /// Write only the first `n` bytes, then fail with EIO (a torn write).
+    Torn(usize),
+}
+
+/// A planned fault: the `nth` (0-based) operation of kind `op` counted from when it was armed,
+/// and every later one of that kind while `sticky`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub op: FaultOp,
+    pub nth: u64,
+    pub kind: FaultKind,
+    pub sticky: bool,
+}
+
+#[derive(Default)]
+struct FaultState {
+    fault: Option<Fault>,
+    counts: [u64; 3],
+    fired: u64,
+}
+
+/// A [`Backend`] that forwards to [`StdBackend`] and injects one armed [`Fault`].
+#[derive(Clone, Default)]
+pub struct FaultBackend {
+    state: Arc<Mutex<FaultState>>,
+    writes: Arc<AtomicU64>,
+    syncs: Arc<AtomicU64>,
+}
+
+impl FaultBackend {
+    pub fn new() -> FaultBackend {
+        FaultBackend::default()
+    }
+
+    /// Arms `fault`; operation counts start from zero now.
+    pub fn arm(&self, fault: Fault) {
+        if let Ok(mut s) = self.state.lock() {
+            s.fault = Some(fault);
+            s.counts = [0; 3];
+        }
+    }
+
+    /// Disarms any fault.
+    pub fn disarm(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.fault = None;
+        }
+    }
+
+    /// How many times a fault fired.
+    pub fn fired(&self) -> u64 {
+        self.state.lock().map(|s| s.fired).unwrap_or(0)
+    }
+
+    /// Segment writes and syncs done so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.writes.load(Ordering::Relaxed), self.syncs.load(Ordering::Relaxed))
+    }
+
+    fn check(&self, op: FaultOp) -> Option<FaultKind> {
+        let mut s = self.state.lock().ok()?;
+        let idx = op as usize;
+        let n = s.counts[idx];
+        s.counts[idx] += 1;
+        let f = s.fault?;
+        if f.op == op && (n == f.nth || (f.sticky && n > f.nth)) {
+            s.fired += 1;
+            Some(f.kind)
+        } else {
+            None
+        }
+    }
+}
+
+fn fault_error(k: FaultKind) -> io::Error {
+    match k {
+        FaultKind::NoSpace => io::Error::from_raw_os_error(libc::ENOSPC),
+        FaultKind::Eio | FaultKind::Torn(_) => io::Error::from_raw_os_error(libc::EIO),
+    }
+}
+
+struct FaultFile {
+    inner: Arc<dyn SegFile>,
+    backend: FaultBackend,
+}
+
+impl SegFile for FaultFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.backend.writes.fetch_add(1, Ordering::Relaxed);
+        match self.backend.check(FaultOp::Write) {
+            None => self.inner.write_all_at(buf, offset),
+            Some(FaultKind::Torn(n)) => {
+                self.inner.write_all_at(&buf[..n.min(buf.len())], offset)?;
+                Err(fault_error(FaultKind::Torn(n)))
+            }
+            Some(k) => Err(fault_error(k)),
+        }
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.backend.syncs.fetch_add(1, Ordering::Relaxed);
+        match self.backend.check(FaultOp::Sync) {
+            None => self.inner.sync_data(),
+            Some(k) => Err(fault_error(k)),
+        }
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+impl Backend for FaultBackend {
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>> {
+        if let Some(k) = self.check(FaultOp::Create) {
+            return Err(fault_error(k));
+        }
+        Ok(Arc::new(FaultFile {
+            inner: StdBackend.create(path)?,
+            backend: self.clone(),
+        }))
+    }
+    fn open(&self, path: &Path, write: bool) -> io::Result<Arc<dyn SegFile>> {
+        Ok(Arc::new(FaultFile {
+            inner: StdBackend.open(path, write)?,
+            backend: self.clone(),
+        }))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        StdBackend.remove(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        StdBackend.sync_dir(path)
+    }
+}

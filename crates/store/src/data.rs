@@ -1,0 +1,1053 @@
+//! File data: the per-inode write buffer, flushing (parallel compression, segment append, sync,
+//! then one metadata transaction), reads with checksum verification, holes, truncation.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use compfs_codec::{
+    Algorithm, CodecSpec, Decompressor, ExtentOutcome, ExtentPolicy, Mode, RawReason,
+};
+use redb::{ReadTransaction, ReadableDatabase};
+
+use crate::error::{Error, Result};
+use crate::format::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
+use crate::meta::{self, dec, W};
+use crate::store::{lock, Inner, Store};
+use crate::types::*;
+
+/// Largest file size (like `MAX_LFS_FILESIZE` on 64-bit Linux).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+/// Buffered, not yet flushed changes of one regular file.
+pub(crate) struct Dirty {
+    /// Extent-sized blocks by index, each `extent_size` bytes (zeros past the end of file).
+    pub blocks: BTreeMap<u64, Vec<u8>>,
+    /// Current file size.
+    pub size: u64,
+    /// File size in the metadata when buffering started: no persisted data lies beyond it.
+    pub base_size: u64,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    /// Ranges to drop from the extent map at the next flush (punched holes).
+    pub punch: Vec<(u64, u64)>,
+}
+
+/// In-memory state of an inode that is open or has buffered writes.
+#[derive(Default)]
+pub(crate) struct FileState {
+    pub open: u32,
+    pub dirty: Option<Dirty>,
+    /// Removed from the table of file states: whoever holds this must look it up again.
+    pub dead: bool,
+}
+
+thread_local! {
+    static DECOMPRESSOR: RefCell<Decompressor> = RefCell::new(Decompressor::new());
+}
+
+enum Out {
+    Hole,
+    Inline(Inline),
+    Extent {
+        codec: u8,
+        level: i8,
+        stored: Vec<u8>,
+        reason: Option<RawReason>,
+    },
+}
+
+struct Encoded {
+    block: u64,
+    len: usize,
+    out: Out,
+}
+
+fn kind_error(kind: FileKind) -> Error {
+    match kind {
+        FileKind::Dir => Error::IsDir,
+        _ => Error::InvalidArgument("not a regular file".into()),
+    }
+}
+
+pub(crate) fn decode_inline(ino: Ino, i: &Inline) -> Result<Vec<u8>> {
+    let corrupt = |detail: String| Error::Corrupt {
+        ino,
+        offset: 0,
+        segment: 0,
+        seg_offset: 0,
+        detail: format!("inline data: {detail}"),
+    };
+    if i.codec == 0 {
+        if i.bytes.len() != i.raw_len as usize {
+            return Err(corrupt("raw inline length mismatch".into()));
+        }
+        return Ok(i.bytes.clone());
+    }
+    let alg = Algorithm::from_id(i.codec).ok_or_else(|| corrupt(format!("codec {}", i.codec)))?;
+    let mut out = vec![0u8; i.raw_len as usize];
+    DECOMPRESSOR
+        .with(|d| d.borrow_mut().decompress(alg, &i.bytes, &mut out))
+        .map_err(|e| corrupt(e.to_string()))?;
+    Ok(out)
+}
+
+impl Inner {
+    pub(crate) fn file_arc(&self, ino: Ino) -> Arc<Mutex<FileState>> {
+        lock(&self.files).entry(ino).or_default().clone()
+    }
+
+    pub(crate) fn existing_file(&self, ino: Ino) -> Option<Arc<Mutex<FileState>>> {
+        lock(&self.files).get(&ino).cloned()
+    }
+
+    /// Runs `f` with the inode's state locked.
+    pub(crate) fn with_file<T>(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&mut FileState) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            let a = self.file_arc(ino);
+            let mut g = lock(&a);
+            if g.dead {
+                continue;
+            }
+            return f(&mut g);
+        }
+    }
+
+    /// Drops the in-memory state of an inode that is neither open nor dirty.
+    pub(crate) fn maybe_forget(&self, ino: Ino) {
+        let mut m = lock(&self.files);
+        if let Some(a) = m.get(&ino).cloned() {
+            if let Ok(mut g) = a.try_lock() {
+                if g.open == 0 && g.dirty.is_none() {
+                    g.dead = true;
+                    m.remove(&ino);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {
+        let txn = self.db.begin_read()?;
+        inode_in(&txn, ino)
+    }
+
+    /// The codec policy for `ino`: its `compfs.compression` property, else the default.
+    pub(crate) fn file_policy(&self, ino: Ino) -> Result<ExtentPolicy> {
+        let (spec, mode) = self.policy.read().map(|p| *p).unwrap_or((self.sb.codec, self.sb.mode));
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(meta::XATTRS)?;
+        let spec = match t.get((ino, COMPRESSION_XATTR))? {
+            Some(v) => std::str::from_utf8(v.value())
+                .ok()
+                .and_then(|s| CodecSpec::parse(s).ok())
+                .map(|p| p.spec)
+                .unwrap_or(spec),
+            None => spec,
+        };
+        Ok(ExtentPolicy::new(spec, mode))
+    }
+
+    fn ensure_dirty<'a>(&self, ino: Ino, st: &'a mut FileState) -> Result<&'a mut Dirty> {
+        if st.dirty.is_none() {
+            let rec = self.inode(ino)?;
+            if rec.kind != FileKind::File {
+                return Err(kind_error(rec.kind));
+            }
+            st.dirty = Some(Dirty {
+                blocks: BTreeMap::new(),
+                size: rec.size,
+                base_size: rec.size,
+                mtime: rec.mtime,
+                ctime: rec.ctime,
+                punch: Vec::new(),
+            });
+        }
+        match st.dirty.as_mut() {
+            Some(d) => Ok(d),
+            None => Err(Error::NotFound),
+        }
+    }
+
+    /// Makes sure block `b` is buffered, loading its persisted bytes when there are any.
+    fn load_block(&self, ino: Ino, d: &mut Dirty, b: u64, whole: bool) -> Result<()> {
+        if d.blocks.contains_key(&b) {
+            return Ok(());
+        }
+        let e = self.sb.extent_size as u64;
+        let mut v = vec![0u8; e as usize];
+        if !whole && b * e < d.base_size {
+            let _g = self.seg_barrier.read();
+            let txn = self.db.begin_read()?;
+            self.read_persisted(&txn, ino, b * e, &mut v)?;
+        }
+        d.blocks.insert(b, v);
+        self.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads the persisted bytes of `[off, off + buf.len())` (holes as zeros; no size clipping).
+    pub(crate) fn read_persisted(
+        &self,
+        txn: &ReadTransaction,
+        ino: Ino,
+        off: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        buf.fill(0);
+        let end = off + buf.len() as u64;
+        let rec = inode_in(txn, ino)?;
+        if let Some(i) = &rec.inline {
+            let data = decode_inline(ino, i)?;
+            let (s, e) = (off.min(data.len() as u64), end.min(data.len() as u64));
+            if s < e {
+                buf[..(e - s) as usize].copy_from_slice(&data[s as usize..e as usize]);
+            }
+        }
+        let map = txn.open_table(meta::EXTMAP)?;
+        let extents = txn.open_table(meta::EXTENTS)?;
+        let mut entries = Vec::new();
+        if let Some(r) = map.range((ino, 0)..(ino, off))?.next_back() {
+            let (k, v) = r?;
+            entries.push((k.value().1, dec(MapRec::decode(v.value()))?));
+        }
+        for r in map.range((ino, off)..(ino, end))? {
+            let (k, v) = r?;
+            entries.push((k.value().1, dec(MapRec::decode(v.value()))?));
+        }
+        for (foff, m) in entries {
+            let (s, e) = (foff.max(off), (foff + m.len as u64).min(end));
+            if s >= e {
+                continue;
+            }
+            let xr = match extents.get(m.extent)? {
+                Some(v) => dec(ExtentRec::decode(v.value()))?,
+                None => {
+                    return Err(Error::Corrupt {
+                        ino,
+                        offset: s,
+                        segment: 0,
+                        seg_offset: 0,
+                        detail: format!("extent {} is missing from the metadata", m.extent),
+                    })
+                }
+            };
+            let data = self.extent_data(m.extent, &xr, ino, s)?;
+            let src = (m.ext_offset as u64 + (s - foff)) as usize;
+            let n = (e - s) as usize;
+            if src + n > data.len() {
+                return Err(Error::Corrupt {
+                    ino,
+                    offset: s,
+                    segment: xr.segment,
+                    seg_offset: xr.seg_offset,
+                    detail: "map entry reaches past the end of its extent".into(),
+                });
+            }
+            buf[(s - off) as usize..(e - off) as usize].copy_from_slice(&data[src..src + n]);
+        }
+        Ok(())
+    }
+
+    /// The uncompressed bytes of an extent, verified (cached). Call with `seg_barrier` held.
+    pub(crate) fn extent_data(
+        &self,
+        id: u64,
+        xr: &ExtentRec,
+        ino: Ino,
+        file_off: u64,
+    ) -> Result<Arc<Vec<u8>>> {
+        if let Some(v) = lock(&self.cache).get(id) {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(v);
+        }
+        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        let data = self.load_extent(id, xr).map_err(|detail| {
+            let err = Error::Corrupt {
+                ino,
+                offset: file_off,
+                segment: xr.segment,
+                seg_offset: xr.seg_offset,
+                detail,
+            };
+            tracing::error!("compfs: {err}");
+            err
+        })?;
+        let data = Arc::new(data);
+        lock(&self.cache).insert(id, data.clone());
+        Ok(data)
+    }
+
+    /// Reads, checks and decodes an extent; the error is a description of the damage.
+    pub(crate) fn load_extent(&self, id: u64, xr: &ExtentRec) -> std::result::Result<Vec<u8>, String> {
+        let f = self.seg_file(xr.segment).map_err(|e| format!("segment unreadable: {e}"))?;
+        let mut raw = vec![0u8; EXT_HEADER_LEN + xr.stored_len as usize];
+        f.read_exact_at(&mut raw, xr.seg_offset)
+            .map_err(|e| format!("read failed: {e}"))?;
+        verify_extent(id, xr, &raw)
+    }
+
+    /// Flushes a file's buffered changes. On failure the store turns read-only and the buffer is
+    /// kept, so reads keep returning what was written.
+    pub(crate) fn flush_locked(&self, ino: Ino, st: &mut FileState, durable: bool) -> Result<()> {
+        let Some(d) = st.dirty.take() else {
+            if durable {
+                self.check_writable()?;
+                return self.commit_durable();
+            }
+            return Ok(());
+        };
+        if let Err(e) = self.check_writable() {
+            st.dirty = Some(d);
+            return Err(e);
+        }
+        match self.flush_dirty(ino, &d, durable, None) {
+            Ok(()) => {
+                let e = self.sb.extent_size as usize;
+                self.dirty_bytes
+                    .fetch_sub(d.blocks.len() * e, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(Error::NotFound) => {
+                let e = self.sb.extent_size as usize;
+                self.dirty_bytes
+                    .fetch_sub(d.blocks.len() * e, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                st.dirty = Some(d);
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// Writes buffered blocks as extents, then commits them with the inode in one transaction.
+    pub(crate) fn flush_dirty(
+        &self,
+        ino: Ino,
+        d: &Dirty,
+        durable: bool,
+        policy_override: Option<ExtentPolicy>,
+    ) -> Result<()> {
+        let e = self.sb.extent_size as u64;
+        let policy = match policy_override {
+            Some(p) => p,
+            None => self.file_policy(ino)?,
+        };
+        let inline_ok = d.size <= self.sb.inline_max as u64;
+        let jobs: Vec<_> = d
+            .blocks
+            .iter()
+            .filter(|(&b, _)| b * e < d.size)
+            .map(|(&b, data)| {
+                let len = (d.size - b * e).min(e) as usize;
+                let src = data[..len].to_vec();
+                let inline = inline_ok && b == 0;
+                move |enc: &mut compfs_codec::ExtentEncoder| encode_block(enc, &policy, b, src, inline)
+            })
+            .collect();
+        let encoded = if jobs.len() == 1 {
+            // One block: no hand-off to the pool needed.
+            let mut v = Vec::with_capacity(1);
+            for j in jobs {
+                v.push(j(&mut compfs_codec::ExtentEncoder::new()));
+            }
+            v
+        } else {
+            self.pool.map(jobs)
+        };
+        // Lay out the extents of this flush back to back in one buffer.
+        let mut buf = Vec::new();
+        let mut placed = Vec::new(); // (encoded index, extent id, offset in buf, header)
+        for (i, en) in encoded.iter().enumerate() {
+            let c = &self.counters;
+            match &en.out {
+                Out::Hole => {
+                    c.zero_blocks.fetch_add(1, Ordering::Relaxed);
+                }
+                Out::Inline(_) => {}
+                Out::Extent {
+                    codec,
+                    level,
+                    stored,
+                    reason,
+                } => {
+                    match reason {
+                        None => {
+                            c.compressed[*codec as usize % 5].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(r) => {
+                            c.raw.fetch_add(1, Ordering::Relaxed);
+                            if matches!(r, RawReason::Heuristic(_)) {
+                                c.heuristic_skips.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    let id = self.next_extent.fetch_add(1, Ordering::SeqCst);
+                    let h = ExtentHeader {
+                        codec: *codec,
+                        level: *level,
+                        raw_len: en.len as u32,
+                        stored_len: stored.len() as u32,
+                        id,
+                        ino,
+                        file_offset: en.block * e,
+                        crc: crc32c::crc32c(stored),
+                    };
+                    placed.push((i, id, buf.len() as u64, h));
+                    buf.extend_from_slice(&h.encode());
+                    buf.extend_from_slice(stored);
+                }
+            }
+        }
+        let mut seg = None;
+        if !buf.is_empty() {
+            let (id, f, off) = self.append(&buf)?;
+            // Durability order: the extent bytes reach the disk before any metadata that
+            // references them commits.
+            if let Err(err) = f.sync_data() {
+                self.unpin(id);
+                return Err(Error::from_io(err));
+            }
+            seg = Some((id, off));
+        }
+        let res = self.commit_flush(ino, d, durable, &encoded, &placed, seg);
+        if let Some((id, _)) = seg {
+            self.unpin(id);
+        }
+        let freed = res?;
+        let mut cache = lock(&self.cache);
+        for id in freed {
+            cache.remove(id);
+        }
+        for (i, id, _, _) in &placed {
+            let en = &encoded[*i];
+            if let Some(block) = d.blocks.get(&en.block) {
+                cache.insert(*id, Arc::new(block[..en.len].to_vec()));
+            }
+        }
+        Ok(())
+    }
+
+    fn commit_flush(
+        &self,
+        ino: Ino,
+        d: &Dirty,
+        durable: bool,
+        encoded: &[Encoded],
+        placed: &[(usize, u64, u64, ExtentHeader)],
+        seg: Option<(u64, u64)>,
+    ) -> Result<Vec<u64>> {
+        let e = self.sb.extent_size as u64;
+        let txn = self.begin(durable)?;
+        let freed;
+        {
+            let mut w = W::open(&txn)?;
+            let mut rec = w.inode(ino)?;
+            let old_inline = rec.inline.clone();
+            let mut disk: i64 = 0;
+            for &(s, t) in &d.punch {
+                disk += w.map_remove_range(ino, s, t)?;
+                if s == 0 && rec.inline.as_ref().is_some_and(|i| i.raw_len as u64 <= t) {
+                    rec.inline = None;
+                }
+            }
+            let mut by_block: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+            if let Some((seg_id, base)) = seg {
+                for (i, id, off, _) in placed {
+                    by_block.insert(encoded[*i].block, (*id, base + off));
+                    let _ = seg_id;
+                }
+            }
+            for en in encoded {
+                let start = en.block * e;
+                disk += w.map_remove_range(ino, start, start + e)?;
+                if en.block == 0 {
+                    rec.inline = None;
+                }
+                match &en.out {
+                    Out::Hole => {}
+                    Out::Inline(i) => rec.inline = Some(i.clone()),
+                    Out::Extent {
+                        codec,
+                        level,
+                        stored,
+                        ..
+                    } => {
+                        let (Some((seg_id, _)), Some(&(id, seg_off))) = (seg, by_block.get(&en.block))
+                        else {
+                            return Err(meta::corrupt("flushed extent without a segment"));
+                        };
+                        let xr = ExtentRec {
+                            segment: seg_id,
+                            seg_offset: seg_off,
+                            stored_len: stored.len() as u32,
+                            raw_len: en.len as u32,
+                            codec: *codec,
+                            level: *level,
+                            crc: crc32c::crc32c(stored),
+                            refs: 0,
+                            ino,
+                        };
+                        w.add_extent(id, &xr)?;
+                        disk += w.map_insert(
+                            ino,
+                            start,
+                            MapRec {
+                                extent: id,
+                                ext_offset: 0,
+                                len: en.len as u32,
+                            },
+                            true,
+                        )?;
+                    }
+                }
+            }
+            disk += w.map_remove_range(ino, d.size, u64::MAX)?;
+            if rec.inline.as_ref().is_some_and(|i| i.raw_len as u64 > d.size) {
+                rec.inline = None;
+            }
+            w.inline_changed(old_inline.as_ref(), rec.inline.as_ref())?;
+            rec.size = d.size;
+            rec.mtime = d.mtime;
+            rec.ctime = rec.ctime.max(d.ctime);
+            rec.disk_bytes = rec.disk_bytes.saturating_add_signed(disk);
+            w.put_inode(ino, &rec)?;
+            let next = self.next_extent.load(Ordering::SeqCst);
+            w.meta.insert(meta::NEXT_EXTENT, next.to_le_bytes().as_slice())?;
+            freed = std::mem::take(&mut w.freed);
+        }
+        self.commit(txn, durable)?;
+        Ok(freed)
+    }
+
+    /// Flushes every file with buffered changes (non-durably).
+    pub(crate) fn flush_all(&self, background: bool) -> Result<()> {
+        let files: Vec<(Ino, Arc<Mutex<FileState>>)> =
+            lock(&self.files).iter().map(|(k, v)| (*k, v.clone())).collect();
+        let mut first_err = None;
+        for (ino, a) in files {
+            {
+                let mut g = lock(&a);
+                if g.dead || g.dirty.is_none() {
+                    drop(g);
+                    if background {
+                        self.maybe_forget(ino);
+                    }
+                    continue;
+                }
+                if let Err(e) = self.flush_locked(ino, &mut g, false) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            self.maybe_forget(ino);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies a truncation to the buffer and flushes.
+    pub(crate) fn truncate_locked(&self, ino: Ino, st: &mut FileState, size: u64) -> Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(Error::InvalidArgument("file size too large".into()));
+        }
+        let e = self.sb.extent_size as u64;
+        let d = self.ensure_dirty(ino, st)?;
+        if size < d.size {
+            let keep = size.div_ceil(e);
+            let gone: Vec<u64> = d.blocks.range(keep..).map(|(k, _)| *k).collect();
+            for b in gone {
+                d.blocks.remove(&b);
+                self.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
+            }
+            if size % e != 0 {
+                let b = size / e;
+                self.load_block(ino, d, b, false)?;
+                if let Some(v) = d.blocks.get_mut(&b) {
+                    v[(size % e) as usize..].fill(0);
+                }
+            }
+        }
+        d.size = size;
+        let now = Timestamp::now();
+        d.mtime = now;
+        d.ctime = now;
+        self.flush_locked(ino, st, false)
+    }
+}
+
+pub(crate) fn inode_in(txn: &ReadTransaction, ino: Ino) -> Result<InodeRec> {
+    let t = txn.open_table(meta::INODES)?;
+    match t.get(ino)? {
+        Some(v) => dec(InodeRec::decode(v.value())),
+        None => Err(Error::NotFound),
+    }
+}
+
+/// Checks an extent read from its segment (header + stored bytes) against its record and
+/// decodes it.
+pub(crate) fn verify_extent(id: u64, xr: &ExtentRec, raw: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let h = ExtentHeader::decode(&raw[..EXT_HEADER_LEN.min(raw.len())])?;
+    if h.id != id || h.raw_len != xr.raw_len || h.stored_len != xr.stored_len || h.codec != xr.codec
+    {
+        return Err(format!(
+            "extent header does not match the metadata (header id {} len {}/{}, expected id {id} len {}/{})",
+            h.id, h.stored_len, h.raw_len, xr.stored_len, xr.raw_len
+        ));
+    }
+    let stored = &raw[EXT_HEADER_LEN..];
+    let crc = crc32c::crc32c(stored);
+    if crc != xr.crc || crc != h.crc {
+        return Err(format!(
+            "checksum mismatch: stored bytes have crc32c {crc:08x}, expected {:08x}",
+            xr.crc
+        ));
+    }
+    let alg = Algorithm::from_id(h.codec).ok_or_else(|| format!("unknown codec {}", h.codec))?;
+    let mut out = vec![0u8; h.raw_len as usize];
+    DECOMPRESSOR
+        .with(|d| d.borrow_mut().decompress(alg, stored, &mut out))
+        .map_err(|e| format!("undecodable: {e}"))?;
+    Ok(out)
+}
+
+fn encode_block(
+    enc: &mut compfs_codec::ExtentEncoder,
+    policy: &ExtentPolicy,
+    block: u64,
+    src: Vec<u8>,
+    inline: bool,
+) -> Encoded {
+    let len = src.len();
+    if src.iter().all(|&b| b == 0) {
+        return Encoded {
+            block,
+            len,
+            out: Out::Hole,
+        };
+    }
+    if inline {
+        let mut dst = Vec::new();
+        if !policy.spec.is_none() {
+            if let Ok(n) = enc.compressor.compress(policy.spec, &src, &mut dst) {
+                if n < len {
+                    dst.truncate(n);
+                    return Encoded {
+                        block,
+                        len,
+                        out: Out::Inline(Inline {
+                            codec: policy.spec.algorithm().id(),
+                            level: policy.spec.level() as i8,
+                            raw_len: len as u32,
+                            bytes: dst,
+                        }),
+                    };
+                }
+            }
+        }
+        return Encoded {
+            block,
+            len,
+            out: Out::Inline(Inline {
+                codec: 0,
+                level: 0,
+                raw_len: len as u32,
+                bytes: src,
+            }),
+        };
+    }
+    let mut dst = Vec::new();
+    let outcome = match enc.encode(policy, &src, &mut dst) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!("compfs: compressor failed ({e}); storing extent raw");
+            ExtentOutcome::Raw(RawReason::NotWorthIt)
+        }
+    };
+    let out = match outcome {
+        ExtentOutcome::Compressed { len: n } => {
+            dst.truncate(n);
+            Out::Extent {
+                codec: policy.spec.algorithm().id(),
+                level: policy.spec.level() as i8,
+                stored: dst,
+                reason: None,
+            }
+        }
+        ExtentOutcome::Raw(r) => Out::Extent {
+            codec: 0,
+            level: 0,
+            stored: src,
+            reason: Some(r),
+        },
+    };
+    Encoded { block, len, out }
+}
+
+impl Store {
+    /// Reads up to `buf.len()` bytes at `offset`; short only at end of file. Holes read as zeros.
+    pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inner = &self.inner;
+        if let Some(a) = inner.existing_file(ino) {
+            let g = lock(&a);
+            if let Some(d) = &g.dirty {
+                let n = read_dirty(inner, ino, d, offset, buf)?;
+                inner.counters.user_read.fetch_add(n as u64, Ordering::Relaxed);
+                return Ok(n);
+            }
+        }
+        let _g = inner.seg_barrier.read();
+        let txn = inner.db.begin_read()?;
+        let rec = inode_in(&txn, ino)?;
+        if rec.kind != FileKind::File {
+            return Err(kind_error(rec.kind));
+        }
+        if offset >= rec.size {
+            return Ok(0);
+        }
+        let n = ((rec.size - offset).min(buf.len() as u64)) as usize;
+        inner.read_persisted(&txn, ino, offset, &mut buf[..n])?;
+        inner.counters.user_read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Writes `data` at `offset` (buffered; durable after [`Store::fsync`] or [`Store::sync`]).
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::InvalidArgument("write beyond the maximum file size".into()))?;
+        let e = inner.sb.extent_size as u64;
+        inner.with_file(ino, |st| {
+            let d = inner.ensure_dirty(ino, st)?;
+            if data.is_empty() {
+                return Ok(0);
+            }
+            let mut pos = offset;
+            while pos < end {
+                let b = pos / e;
+                let bstart = b * e;
+                let s = (pos - bstart) as usize;
+                let n = ((end - pos) as usize).min(e as usize - s);
+                let whole = s == 0 && n == e as usize;
+                inner.load_block(ino, d, b, whole || bstart >= d.base_size)?;
+                if let Some(v) = d.blocks.get_mut(&b) {
+                    let from = (pos - offset) as usize;
+                    v[s..s + n].copy_from_slice(&data[from..from + n]);
+                }
+                pos += n as u64;
+            }
+            d.size = d.size.max(end);
+            let now = Timestamp::now();
+            d.mtime = now;
+            d.ctime = now;
+            let many = d.blocks.len() >= inner.tuning.flush_blocks.max(2 * inner.pool.threads);
+            if many || inner.dirty_bytes.load(Ordering::Relaxed) > inner.tuning.dirty_limit {
+                inner.flush_locked(ino, st, false)?;
+            }
+            inner
+                .counters
+                .user_written
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            Ok(data.len())
+        })
+    }
+
+    /// Deallocates `[offset, offset + len)` (reads return zeros); the size is unchanged.
+    pub fn punch_hole(&self, ino: Ino, offset: u64, len: u64) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        let e = inner.sb.extent_size as u64;
+        inner.with_file(ino, |st| {
+            let d = inner.ensure_dirty(ino, st)?;
+            let end = offset.saturating_add(len).min(d.size);
+            if offset < end {
+                let mut b = offset / e;
+                while b * e < end {
+                    let (bs, be) = (b * e, (b * e + e).min(d.size));
+                    if offset <= bs && be <= end {
+                        if d.blocks.remove(&b).is_some() {
+                            inner.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
+                        }
+                        d.punch.push((bs, bs + e));
+                    } else {
+                        inner.load_block(ino, d, b, false)?;
+                        if let Some(v) = d.blocks.get_mut(&b) {
+                            let s = offset.max(bs) - bs;
+                            let t = end.min(be) - bs;
+                            v[s as usize..t as usize].fill(0);
+                        }
+                    }
+                    b += 1;
+                }
+                let now = Timestamp::now();
+                d.mtime = now;
+                d.ctime = now;
+            }
+            inner.flush_locked(ino, st, false)
+        })
+    }
+
+    /// `fallocate` default mode: extends the size unless `keep_size`. compfs allocates space
+    /// when data is written (compressed size is unknown in advance), so no space is reserved.
+    pub fn allocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::InvalidArgument("range beyond the maximum file size".into()))?;
+        inner.with_file(ino, |st| {
+            let d = inner.ensure_dirty(ino, st)?;
+            if !keep_size && end > d.size {
+                d.size = end;
+                d.ctime = Timestamp::now();
+                d.mtime = d.ctime;
+            }
+            inner.flush_locked(ino, st, false)
+        })
+    }
+
+    /// Data regions of a file after flushing it: (start, end) pairs in order, and the size.
+    fn data_regions(&self, ino: Ino) -> Result<(Vec<(u64, u64)>, u64)> {
+        let inner = &self.inner;
+        inner.with_file(ino, |st| {
+            if st.dirty.is_some() {
+                inner.flush_locked(ino, st, false)?;
+            }
+            Ok(())
+        })?;
+        inner.maybe_forget(ino);
+        let txn = inner.db.begin_read()?;
+        let rec = inode_in(&txn, ino)?;
+        if rec.kind != FileKind::File {
+            return Err(kind_error(rec.kind));
+        }
+        let mut v: Vec<(u64, u64)> = Vec::new();
+        if let Some(i) = &rec.inline {
+            v.push((0, i.raw_len as u64));
+        }
+        let map = txn.open_table(meta::EXTMAP)?;
+        for r in map.range((ino, 0)..=(ino, u64::MAX))? {
+            let (k, m) = r?;
+            let m = dec(MapRec::decode(m.value()))?;
+            let s = k.value().1;
+            match v.last_mut() {
+                Some(last) if last.1 == s => last.1 = s + m.len as u64,
+                _ => v.push((s, s + m.len as u64)),
+            }
+        }
+        Ok((v, rec.size))
+    }
+
+    /// `SEEK_DATA`: the first data at or after `offset` ([`Error::NoData`] if none).
+    pub fn seek_data(&self, ino: Ino, offset: u64) -> Result<u64> {
+        let (regions, size) = self.data_regions(ino)?;
+        if offset >= size {
+            return Err(Error::NoData);
+        }
+        for (s, e) in regions {
+            if e > offset {
+                return Ok(s.max(offset));
+            }
+        }
+        Err(Error::NoData)
+    }
+
+    /// `SEEK_HOLE`: the first hole at or after `offset` (end of file counts as a hole).
+    pub fn seek_hole(&self, ino: Ino, offset: u64) -> Result<u64> {
+        let (regions, size) = self.data_regions(ino)?;
+        if offset >= size {
+            return Err(Error::NoData);
+        }
+        let mut pos = offset;
+        for (s, e) in regions {
+            if s > pos {
+                break;
+            }
+            if e > pos {
+                pos = e;
+            }
+        }
+        Ok(pos.min(size))
+    }
+
+    /// Makes the file's data and metadata (and everything acknowledged before) durable.
+    pub fn fsync(&self, ino: Ino, _datasync: bool) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        inner.with_file(ino, |st| inner.flush_locked(ino, st, true))?;
+        inner.maybe_forget(ino);
+        Ok(())
+    }
+
+    /// Rewrites a file's data with `policy` (default: the file's own policy), like
+    /// `btrfs filesystem defragment -c`.
+    pub fn recompress(&self, ino: Ino, policy: Option<(CodecSpec, Mode)>) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        let e = inner.sb.extent_size as u64;
+        let pol = match policy {
+            Some((s, m)) => ExtentPolicy::new(s, m),
+            None => inner.file_policy(ino)?,
+        };
+        inner.with_file(ino, |st| {
+            inner.flush_locked(ino, st, false)?;
+            let (regions, size) = {
+                let txn = inner.db.begin_read()?;
+                let rec = inode_in(&txn, ino)?;
+                if rec.kind != FileKind::File {
+                    return Err(kind_error(rec.kind));
+                }
+                let map = txn.open_table(meta::EXTMAP)?;
+                let mut blocks = BTreeSet::new();
+                if rec.inline.is_some() {
+                    blocks.insert(0u64);
+                }
+                for r in map.range((ino, 0)..=(ino, u64::MAX))? {
+                    let (k, m) = r?;
+                    let m = dec(MapRec::decode(m.value()))?;
+                    let s = k.value().1;
+                    let last = (s + m.len as u64 - 1) / e;
+                    for b in s / e..=last {
+                        blocks.insert(b);
+                    }
+                }
+                (blocks, rec.size)
+            };
+            let list: Vec<u64> = regions.into_iter().collect();
+            let rec = inner.inode(ino)?;
+            for chunk in list.chunks(inner.tuning.flush_blocks.max(2)) {
+                let mut d = Dirty {
+                    blocks: BTreeMap::new(),
+                    size,
+                    base_size: size,
+                    mtime: rec.mtime,
+                    ctime: Timestamp::now(),
+                    punch: Vec::new(),
+                };
+                for &b in chunk {
+                    let mut v = vec![0u8; e as usize];
+                    let _g = inner.seg_barrier.read();
+                    let txn = inner.db.begin_read()?;
+                    inner.read_persisted(&txn, ino, b * e, &mut v)?;
+                    d.blocks.insert(b, v);
+                }
+                inner
+                    .flush_dirty(ino, &d, false, Some(pol))
+                    .map_err(|er| inner.fail(er))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// compsize figures for files and (recursively) directories; each file and each extent is
+    /// counted once.
+    pub fn usage(&self, inos: &[Ino]) -> Result<Usage> {
+        self.inner.flush_all(false)?;
+        let txn = self.inner.db.begin_read()?;
+        let dirents = txn.open_table(meta::DIRENTS)?;
+        let map = txn.open_table(meta::EXTMAP)?;
+        let extents = txn.open_table(meta::EXTENTS)?;
+        let mut seen = BTreeSet::new();
+        let mut todo: Vec<Ino> = inos.to_vec();
+        let mut files = Vec::new();
+        while let Some(ino) = todo.pop() {
+            if !seen.insert(ino) {
+                continue;
+            }
+            let rec = inode_in(&txn, ino)?;
+            match rec.kind {
+                FileKind::Dir => {
+                    for r in dirents.range((ino, &[][..])..(ino + 1, &[][..]))? {
+                        let (_, v) = r?;
+                        let de = dec(crate::format::DirentRec::decode(v.value()))?;
+                        todo.push(de.ino);
+                    }
+                }
+                FileKind::File => files.push((ino, rec)),
+                _ => {}
+            }
+        }
+        let mut u = Usage::default();
+        let mut ext_seen = BTreeSet::new();
+        for (ino, rec) in files {
+            u.files += 1;
+            if let Some(i) = &rec.inline {
+                u.inline += 1;
+                let name = Algorithm::from_id(i.codec).map_or("none", |a| a.name());
+                let c = u.per_codec.entry(name.to_string()).or_default();
+                c.disk += i.bytes.len() as u64;
+                c.uncompressed += i.raw_len as u64;
+                c.referenced += i.raw_len as u64;
+            }
+            for r in map.range((ino, 0)..=(ino, u64::MAX))? {
+                let (_, v) = r?;
+                let m = dec(MapRec::decode(v.value()))?;
+                u.refs += 1;
+                let xr = match extents.get(m.extent)? {
+                    Some(v) => dec(ExtentRec::decode(v.value()))?,
+                    None => continue,
+                };
+                let name = Algorithm::from_id(xr.codec).map_or("none", |a| a.name());
+                let c = u.per_codec.entry(name.to_string()).or_default();
+                c.referenced += m.len as u64;
+                if ext_seen.insert(m.extent) {
+                    u.regular_extents += 1;
+                    c.disk += xr.stored_len as u64;
+                    c.uncompressed += xr.raw_len as u64;
+                }
+            }
+        }
+        let mut t = CodecUsage::default();
+        for c in u.per_codec.values() {
+            t.add(c);
+        }
+        u.total = t;
+        Ok(u)
+    }
+}
+
+fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    if offset >= d.size {
+        return Ok(0);
+    }
+    let n = ((d.size - offset).min(buf.len() as u64)) as usize;
+    let e = inner.sb.extent_size as u64;
+    let end = offset + n as u64;
+    let mut pos = offset;
+    let mut persisted: Option<(std::sync::RwLockReadGuard<'_, ()>, ReadTransaction)> = None;
+    while pos < end {
+        let b = pos / e;
+        let s = (pos - b * e) as usize;
+        let k = ((end - pos) as usize).min(e as usize - s);
+        let out = &mut buf[(pos - offset) as usize..(pos - offset) as usize + k];
+        if let Some(v) = d.blocks.get(&b) {
+            out.copy_from_slice(&v[s..s + k]);
+        } else if pos >= d.base_size {
+            out.fill(0);
+        } else {
+            if persisted.is_none() {
+                let g = inner
+                    .seg_barrier
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner());
+                let txn = inner.db.begin_read()?;
+                persisted = Some((g, txn));
+            }
+            if let Some((_, txn)) = &persisted {
+                inner.read_persisted(txn, ino, pos, out)?;
+            }
+        }
+        pos += k as u64;
+    }
+    Ok(n)
+}

@@ -1,0 +1,679 @@
+//! On-disk structures: superblock, segment header, extent header, and the value encodings of the
+//! metadata tables. Every multi-byte integer is little-endian. `docs/format.md` documents each
+//! field; keep the two in step.
+
+use compfs_codec::{Algorithm, CodecSpec, Mode};
+
+use crate::types::{FileKind, Timestamp};
+
+/// Current (and only) store format version.
+pub const FORMAT_VERSION: u32 = 1;
+/// Name of the superblock file inside the store directory.
+pub const SUPERBLOCK_FILE: &str = "compfs.super";
+/// Name of the metadata database inside the store directory.
+pub const META_FILE: &str = "meta.redb";
+/// Directory of the segment files.
+pub const SEGMENT_DIR: &str = "segments";
+
+/// Superblock magic.
+pub const SB_MAGIC: [u8; 8] = *b"CMPFS-SB";
+/// Encoded superblock length.
+pub const SB_LEN: usize = 64;
+/// Segment header magic.
+pub const SEG_MAGIC: [u8; 8] = *b"CMPFSSEG";
+/// Segment header length: extents start at this offset.
+pub const SEG_HEADER_LEN: u64 = 64;
+/// Extent header magic ("CXT1" little-endian).
+pub const EXT_MAGIC: u32 = u32::from_le_bytes(*b"CXT1");
+/// Extent header length.
+pub const EXT_HEADER_LEN: usize = 48;
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+fn i64_at(b: &[u8], o: usize) -> i64 {
+    u64_at(b, o) as i64
+}
+
+/// Name of segment `id`'s file inside [`SEGMENT_DIR`].
+pub fn segment_file_name(id: u64) -> String {
+    format!("{id:016x}.seg")
+}
+
+/// Parses a segment file name back to its id.
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".seg")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Encodes a mode as stored: 0 heuristic, 1 force.
+pub fn mode_code(m: Mode) -> u8 {
+    match m {
+        Mode::Heuristic => 0,
+        Mode::Force => 1,
+    }
+}
+
+/// Decodes a codec id and level into a spec (level clamped as the parser does).
+pub fn spec_from(id: u8, level: i8) -> Option<CodecSpec> {
+    Algorithm::from_id(id).map(|a| CodecSpec::with_level(a, level as i32).spec)
+}
+
+/// The identity file of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub uuid: [u8; 16],
+    pub extent_size: u32,
+    pub codec: CodecSpec,
+    pub mode: Mode,
+    pub inline_max: u32,
+    pub segment_size: u64,
+    pub created: i64,
+}
+
+/// Why a superblock could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SbError {
+    Truncated(usize),
+    BadMagic,
+    FutureVersion(u32),
+    BadChecksum { stored: u32, computed: u32 },
+    BadField(String),
+}
+
+impl Superblock {
+    pub fn encode(&self) -> [u8; SB_LEN] {
+        let mut b = [0u8; SB_LEN];
+        b[0..8].copy_from_slice(&SB_MAGIC);
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..16].copy_from_slice(&(SB_LEN as u32).to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        b[32..36].copy_from_slice(&self.extent_size.to_le_bytes());
+        b[36] = self.codec.algorithm().id();
+        b[37] = self.codec.level() as i8 as u8;
+        b[38] = mode_code(self.mode);
+        b[39] = 0;
+        b[40..44].copy_from_slice(&self.inline_max.to_le_bytes());
+        b[44..52].copy_from_slice(&self.segment_size.to_le_bytes());
+        b[52..60].copy_from_slice(&self.created.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Superblock, SbError> {
+        if b.len() < 12 {
+            if b.len() >= 8 && b[0..8] != SB_MAGIC {
+                return Err(SbError::BadMagic);
+            }
+            return Err(SbError::Truncated(b.len()));
+        }
+        if b[0..8] != SB_MAGIC {
+            return Err(SbError::BadMagic);
+        }
+        let version = u32_at(b, 8);
+        if version > FORMAT_VERSION {
+            return Err(SbError::FutureVersion(version));
+        }
+        if b.len() < SB_LEN {
+            return Err(SbError::Truncated(b.len()));
+        }
+        let stored = u32_at(b, 60);
+        let computed = crc32c::crc32c(&b[0..60]);
+        if stored != computed {
+            return Err(SbError::BadChecksum { stored, computed });
+        }
+        if version == 0 || u32_at(b, 12) != SB_LEN as u32 {
+            return Err(SbError::BadField("version or header length".into()));
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[16..32]);
+        let extent_size = u32_at(b, 32);
+        if compfs_codec::check_extent_size(extent_size as usize).is_err() {
+            return Err(SbError::BadField(format!("extent size {extent_size}")));
+        }
+        let codec = spec_from(b[36], b[37] as i8)
+            .ok_or_else(|| SbError::BadField(format!("codec id {}", b[36])))?;
+        let mode = match b[38] {
+            0 => Mode::Heuristic,
+            1 => Mode::Force,
+            m => return Err(SbError::BadField(format!("mode {m}"))),
+        };
+        let segment_size = u64_at(b, 44);
+        if segment_size < 4096 {
+            return Err(SbError::BadField(format!("segment size {segment_size}")));
+        }
+        Ok(Superblock {
+            version,
+            uuid,
+            extent_size,
+            codec,
+            mode,
+            inline_max: u32_at(b, 40),
+            segment_size,
+            created: i64_at(b, 52),
+        })
+    }
+}
+
+/// Header at the start of every segment file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub version: u32,
+    pub uuid: [u8; 16],
+    pub id: u64,
+}
+
+impl SegmentHeader {
+    pub fn encode(&self) -> [u8; SEG_HEADER_LEN as usize] {
+        let mut b = [0u8; SEG_HEADER_LEN as usize];
+        b[0..8].copy_from_slice(&SEG_MAGIC);
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        b[32..40].copy_from_slice(&self.id.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..40]);
+        b[40..44].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<SegmentHeader, String> {
+        if b.len() < SEG_HEADER_LEN as usize {
+            return Err(format!("segment header truncated to {} bytes", b.len()));
+        }
+        if b[0..8] != SEG_MAGIC {
+            return Err("bad segment magic".into());
+        }
+        if crc32c::crc32c(&b[0..40]) != u32_at(b, 40) {
+            return Err("segment header checksum mismatch".into());
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[16..32]);
+        Ok(SegmentHeader {
+            version: u32_at(b, 8),
+            uuid,
+            id: u64_at(b, 32),
+        })
+    }
+}
+
+/// The self-describing header in front of every extent's stored bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentHeader {
+    /// Algorithm id ([`Algorithm::id`]); 0 = stored raw.
+    pub codec: u8,
+    pub level: i8,
+    pub raw_len: u32,
+    pub stored_len: u32,
+    pub id: u64,
+    /// Inode and file offset the extent was written for (informational, for fsck reports).
+    pub ino: u64,
+    pub file_offset: u64,
+    /// crc32c of the stored bytes.
+    pub crc: u32,
+}
+
+impl ExtentHeader {
+    pub fn encode(&self) -> [u8; EXT_HEADER_LEN] {
+        let mut b = [0u8; EXT_HEADER_LEN];
+        b[0..4].copy_from_slice(&EXT_MAGIC.to_le_bytes());
+        b[4] = self.codec;
+        b[5] = self.level as u8;
+        b[8..12].copy_from_slice(&self.raw_len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.stored_len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.ino.to_le_bytes());
+        b[32..40].copy_from_slice(&self.file_offset.to_le_bytes());
+        b[40..44].copy_from_slice(&self.crc.to_le_bytes());
+        let hcrc = crc32c::crc32c(&b[0..44]);
+        b[44..48].copy_from_slice(&hcrc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<ExtentHeader, String> {
+        if b.len() < EXT_HEADER_LEN {
+            return Err(format!("extent header truncated to {} bytes", b.len()));
+        }
+        if u32_at(b, 0) != EXT_MAGIC {
+            return Err("bad extent magic".into());
+        }
+        if crc32c::crc32c(&b[0..44]) != u32_at(b, 44) {
+            return Err("extent header checksum mismatch".into());
+        }
+        let h = ExtentHeader {
+            codec: b[4],
+            level: b[5] as i8,
+            raw_len: u32_at(b, 8),
+            stored_len: u32_at(b, 12),
+            id: u64_at(b, 16),
+            ino: u64_at(b, 24),
+            file_offset: u64_at(b, 32),
+            crc: u32_at(b, 40),
+        };
+        if Algorithm::from_id(h.codec).is_none() {
+            return Err(format!("unknown codec id {}", h.codec));
+        }
+        if h.raw_len as usize > compfs_codec::MAX_EXTENT
+            || h.stored_len as usize > compfs_codec::MAX_EXTENT + 4096
+        {
+            return Err(format!(
+                "implausible lengths raw {} stored {}",
+                h.raw_len, h.stored_len
+            ));
+        }
+        Ok(h)
+    }
+}
+
+/// Bad metadata value.
+fn short(what: &str, len: usize) -> String {
+    format!("{what} record of {len} bytes is malformed")
+}
+
+/// Inline data kept in an inode record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inline {
+    pub codec: u8,
+    pub level: i8,
+    pub raw_len: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// An inode record (value of the `inodes` table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InodeRec {
+    pub kind: FileKind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    /// Directories: parent directory. Others: 0.
+    pub parent: u64,
+    /// Directories: next directory-entry sequence number (readdir cookie source).
+    pub next_seq: u64,
+    /// Stored bytes of this inode's extents (for `st_blocks`).
+    pub disk_bytes: u64,
+    /// Inline data (small files, symlink targets).
+    pub inline: Option<Inline>,
+}
+
+const INODE_FIXED: usize = 112;
+
+fn put_ts(b: &mut Vec<u8>, t: Timestamp) {
+    b.extend_from_slice(&t.secs.to_le_bytes());
+    b.extend_from_slice(&t.nsecs.to_le_bytes());
+}
+fn ts_at(b: &[u8], o: usize) -> Timestamp {
+    Timestamp {
+        secs: i64_at(b, o),
+        nsecs: u32_at(b, o + 8),
+    }
+}
+
+impl InodeRec {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(INODE_FIXED + self.inline.as_ref().map_or(0, |i| i.bytes.len()));
+        b.push(1); // record version
+        b.push(self.kind.code());
+        b.extend_from_slice(&self.perm.to_le_bytes());
+        b.extend_from_slice(&self.nlink.to_le_bytes());
+        b.extend_from_slice(&self.uid.to_le_bytes());
+        b.extend_from_slice(&self.gid.to_le_bytes());
+        b.extend_from_slice(&self.rdev.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes()); // flags, reserved
+        b.extend_from_slice(&self.size.to_le_bytes());
+        put_ts(&mut b, self.atime);
+        put_ts(&mut b, self.mtime);
+        put_ts(&mut b, self.ctime);
+        put_ts(&mut b, self.crtime);
+        b.extend_from_slice(&self.parent.to_le_bytes());
+        b.extend_from_slice(&self.next_seq.to_le_bytes());
+        b.extend_from_slice(&self.disk_bytes.to_le_bytes());
+        match &self.inline {
+            None => {
+                b.push(0xff);
+                b.push(0);
+                b.extend_from_slice(&[0u8; 6]);
+            }
+            Some(i) => {
+                b.push(i.codec);
+                b.push(i.level as u8);
+                b.extend_from_slice(&[0u8; 2]);
+                b.extend_from_slice(&i.raw_len.to_le_bytes());
+                b.extend_from_slice(&i.bytes);
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<InodeRec, String> {
+        if b.len() < INODE_FIXED || b[0] != 1 {
+            return Err(short("inode", b.len()));
+        }
+        let kind = FileKind::from_code(b[1]).ok_or_else(|| format!("bad inode kind {}", b[1]))?;
+        let inline = if b[104] == 0xff {
+            if b.len() != INODE_FIXED {
+                return Err(short("inode", b.len()));
+            }
+            None
+        } else {
+            if Algorithm::from_id(b[104]).is_none() {
+                return Err(format!("bad inline codec {}", b[104]));
+            }
+            Some(Inline {
+                codec: b[104],
+                level: b[105] as i8,
+                raw_len: u32_at(b, 108),
+                bytes: b[INODE_FIXED..].to_vec(),
+            })
+        };
+        Ok(InodeRec {
+            kind,
+            perm: u16_at(b, 2),
+            nlink: u32_at(b, 4),
+            uid: u32_at(b, 8),
+            gid: u32_at(b, 12),
+            rdev: u32_at(b, 16),
+            size: u64_at(b, 24),
+            atime: ts_at(b, 32),
+            mtime: ts_at(b, 44),
+            ctime: ts_at(b, 56),
+            crtime: ts_at(b, 68),
+            parent: u64_at(b, 80),
+            next_seq: u64_at(b, 88),
+            disk_bytes: u64_at(b, 96),
+            inline,
+        })
+    }
+}
+
+/// A directory entry (value of the `dirents` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirentRec {
+    pub ino: u64,
+    pub kind: FileKind,
+    pub seq: u64,
+}
+
+impl DirentRec {
+    pub fn encode(&self) -> [u8; 17] {
+        let mut b = [0u8; 17];
+        b[0..8].copy_from_slice(&self.ino.to_le_bytes());
+        b[8] = self.kind.code();
+        b[9..17].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<DirentRec, String> {
+        if b.len() != 17 {
+            return Err(short("dirent", b.len()));
+        }
+        Ok(DirentRec {
+            ino: u64_at(b, 0),
+            kind: FileKind::from_code(b[8]).ok_or_else(|| format!("bad dirent kind {}", b[8]))?,
+            seq: u64_at(b, 9),
+        })
+    }
+}
+
+/// An extent-map entry: file range `[key offset, key offset + len)` is bytes
+/// `[ext_offset, ext_offset + len)` of extent `extent`'s uncompressed data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapRec {
+    pub extent: u64,
+    pub ext_offset: u32,
+    pub len: u32,
+}
+
+impl MapRec {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&self.extent.to_le_bytes());
+        b[8..12].copy_from_slice(&self.ext_offset.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<MapRec, String> {
+        if b.len() != 16 {
+            return Err(short("extent map", b.len()));
+        }
+        Ok(MapRec {
+            extent: u64_at(b, 0),
+            ext_offset: u32_at(b, 8),
+            len: u32_at(b, 12),
+        })
+    }
+}
+
+/// An extent record (value of the `extents` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentRec {
+    pub segment: u64,
+    /// Offset of the extent header in the segment.
+    pub seg_offset: u64,
+    pub stored_len: u32,
+    pub raw_len: u32,
+    pub codec: u8,
+    pub level: i8,
+    pub crc: u32,
+    /// Number of extent-map entries referencing this extent.
+    pub refs: u32,
+    /// The inode whose map references it.
+    pub ino: u64,
+}
+
+impl ExtentRec {
+    /// Bytes the extent occupies in its segment (header included).
+    pub fn footprint(&self) -> u64 {
+        EXT_HEADER_LEN as u64 + self.stored_len as u64
+    }
+    pub fn encode(&self) -> [u8; 44] {
+        let mut b = [0u8; 44];
+        b[0..8].copy_from_slice(&self.segment.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seg_offset.to_le_bytes());
+        b[16..20].copy_from_slice(&self.stored_len.to_le_bytes());
+        b[20..24].copy_from_slice(&self.raw_len.to_le_bytes());
+        b[24] = self.codec;
+        b[25] = self.level as u8;
+        b[28..32].copy_from_slice(&self.crc.to_le_bytes());
+        b[32..36].copy_from_slice(&self.refs.to_le_bytes());
+        b[36..44].copy_from_slice(&self.ino.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<ExtentRec, String> {
+        if b.len() != 44 {
+            return Err(short("extent", b.len()));
+        }
+        Ok(ExtentRec {
+            segment: u64_at(b, 0),
+            seg_offset: u64_at(b, 8),
+            stored_len: u32_at(b, 16),
+            raw_len: u32_at(b, 20),
+            codec: b[24],
+            level: b[25] as i8,
+            crc: u32_at(b, 28),
+            refs: u32_at(b, 32),
+            ino: u64_at(b, 36),
+        })
+    }
+}
+
+/// A segment record (value of the `segments` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SegmentRec {
+    /// Committed length: end of the last extent a committed transaction references.
+    pub len: u64,
+    /// Footprint (header + stored bytes) of the live extents.
+    pub live: u64,
+}
+
+impl SegmentRec {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.live.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<SegmentRec, String> {
+        if b.len() != 16 {
+            return Err(short("segment", b.len()));
+        }
+        Ok(SegmentRec {
+            len: u64_at(b, 0),
+            live: u64_at(b, 8),
+        })
+    }
+}
+
+/// Per-codec counters (value of the `stats` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatRec {
+    pub extents: u64,
+    pub disk: u64,
+    pub uncompressed: u64,
+    pub referenced: u64,
+}
+
+impl StatRec {
+    pub fn encode(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[0..8].copy_from_slice(&self.extents.to_le_bytes());
+        b[8..16].copy_from_slice(&self.disk.to_le_bytes());
+        b[16..24].copy_from_slice(&self.uncompressed.to_le_bytes());
+        b[24..32].copy_from_slice(&self.referenced.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<StatRec, String> {
+        if b.len() != 32 {
+            return Err(short("stats", b.len()));
+        }
+        Ok(StatRec {
+            extents: u64_at(b, 0),
+            disk: u64_at(b, 8),
+            uncompressed: u64_at(b, 16),
+            referenced: u64_at(b, 24),
+        })
+    }
+}
+
+/// Key of the `stats` table row that counts inline data.
+pub const STAT_INLINE: u8 = 0xff;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trip_and_damage() {
+        let sb = Superblock {
+            version: 1,
+            uuid: [7; 16],
+            extent_size: 131072,
+            codec: CodecSpec::parse("zstd:5").unwrap().spec,
+            mode: Mode::Force,
+            inline_max: 2048,
+            segment_size: 64 << 20,
+            created: 12345,
+        };
+        let b = sb.encode();
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        assert_eq!(Superblock::decode(&b[..30]), Err(SbError::Truncated(30)));
+        assert_eq!(Superblock::decode(&[]), Err(SbError::Truncated(0)));
+        assert_eq!(Superblock::decode(b"hello world, this is text"), Err(SbError::BadMagic));
+        for i in 0..SB_LEN {
+            let mut c = b;
+            c[i] ^= 0x10;
+            assert!(Superblock::decode(&c).is_err(), "flip at {i} accepted");
+        }
+        let mut fut = sb;
+        fut.version = 2;
+        assert_eq!(Superblock::decode(&fut.encode()), Err(SbError::FutureVersion(2)));
+    }
+
+    #[test]
+    fn extent_header_round_trip_and_damage() {
+        let h = ExtentHeader {
+            codec: 3,
+            level: -5,
+            raw_len: 131072,
+            stored_len: 4000,
+            id: 99,
+            ino: 5,
+            file_offset: 1 << 40,
+            crc: 0xdeadbeef,
+        };
+        let b = h.encode();
+        assert_eq!(ExtentHeader::decode(&b).unwrap(), h);
+        for i in 0..EXT_HEADER_LEN {
+            let mut c = b;
+            c[i] ^= 1;
+            assert!(ExtentHeader::decode(&c).is_err());
+        }
+        assert!(ExtentHeader::decode(&b[..47]).is_err());
+        let mut bad = h;
+        bad.codec = 9;
+        assert!(ExtentHeader::decode(&bad.encode()).is_err());
+    }
+
+    #[test]
+    fn records_round_trip_and_reject_garbage() {
+        let t = Timestamp { secs: -3, nsecs: 999_999_999 };
+        for inline in [
+            None,
+            Some(Inline { codec: 0, level: 0, raw_len: 3, bytes: b"abc".to_vec() }),
+        ] {
+            let r = InodeRec {
+                kind: FileKind::Symlink,
+                perm: 0o7777,
+                nlink: 3,
+                uid: 1,
+                gid: 2,
+                rdev: 77,
+                size: u64::MAX,
+                atime: t,
+                mtime: Timestamp { secs: 5, nsecs: 6 },
+                ctime: t,
+                crtime: t,
+                parent: 9,
+                next_seq: 10,
+                disk_bytes: 11,
+                inline,
+            };
+            assert_eq!(InodeRec::decode(&r.encode()).unwrap(), r);
+        }
+        assert!(InodeRec::decode(&[1, 2, 3]).is_err());
+        assert!(InodeRec::decode(&[0u8; 200]).is_err());
+        let e = ExtentRec { segment: 1, seg_offset: 64, stored_len: 5, raw_len: 9, codec: 3, level: 3, crc: 4, refs: 2, ino: 8 };
+        assert_eq!(ExtentRec::decode(&e.encode()).unwrap(), e);
+        assert!(ExtentRec::decode(&[0; 43]).is_err());
+        let m = MapRec { extent: 3, ext_offset: 4, len: 5 };
+        assert_eq!(MapRec::decode(&m.encode()).unwrap(), m);
+        assert!(MapRec::decode(&[0; 3]).is_err());
+        let d = DirentRec { ino: 3, kind: FileKind::Dir, seq: 4 };
+        assert_eq!(DirentRec::decode(&d.encode()).unwrap(), d);
+        assert!(DirentRec::decode(&[0; 17]).is_err());
+        let s = SegmentHeader { version: 1, uuid: [1; 16], id: 42 };
+        assert_eq!(SegmentHeader::decode(&s.encode()).unwrap(), s);
+        let mut sb = s.encode();
+        sb[33] ^= 1;
+        assert!(SegmentHeader::decode(&sb).is_err());
+        assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
+        assert_eq!(parse_segment_file_name("junk.seg"), None);
+    }
+}

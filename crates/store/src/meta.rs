@@ -1,0 +1,320 @@
+//! The metadata tables and the transactional helpers that keep their invariants: extent
+//! reference counts, per-segment live bytes and per-codec statistics change together with the
+//! extent map in one transaction.
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use crate::error::{Error, Result};
+use crate::format::{
+    DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
+};
+use crate::types::{FileKind, Ino};
+
+pub(crate) const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+pub(crate) const DIRENTS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("dirents");
+pub(crate) const DIRINDEX: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dir_index");
+pub(crate) const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+pub(crate) const EXTMAP: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("extent_map");
+pub(crate) const EXTENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("extents");
+pub(crate) const SEG_EXTENTS: TableDefinition<(u64, u64), u64> =
+    TableDefinition::new("segment_extents");
+pub(crate) const SEGMENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("segments");
+pub(crate) const STATS: TableDefinition<u8, &[u8]> = TableDefinition::new("stats");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub(crate) const ORPHANS: TableDefinition<u64, ()> = TableDefinition::new("orphans");
+
+pub(crate) const NEXT_INO: &str = "next_ino";
+pub(crate) const NEXT_EXTENT: &str = "next_extent";
+
+pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::CorruptMetadata(what.to_string())
+}
+
+pub(crate) fn dec<T>(r: std::result::Result<T, String>) -> Result<T> {
+    r.map_err(Error::CorruptMetadata)
+}
+
+pub(crate) fn u64_value(b: &[u8]) -> Result<u64> {
+    let a: [u8; 8] = b.try_into().map_err(|_| corrupt("counter is not 8 bytes"))?;
+    Ok(u64::from_le_bytes(a))
+}
+
+/// All tables of one write transaction.
+pub(crate) struct W<'t> {
+    pub inodes: Table<'t, u64, &'static [u8]>,
+    pub dirents: Table<'t, (u64, &'static [u8]), &'static [u8]>,
+    pub dirindex: Table<'t, (u64, u64), &'static [u8]>,
+    pub xattrs: Table<'t, (u64, &'static [u8]), &'static [u8]>,
+    pub extmap: Table<'t, (u64, u64), &'static [u8]>,
+    pub extents: Table<'t, u64, &'static [u8]>,
+    pub seg_extents: Table<'t, (u64, u64), u64>,
+    pub segments: Table<'t, u64, &'static [u8]>,
+    pub stats: Table<'t, u8, &'static [u8]>,
+    pub meta: Table<'t, &'static str, &'static [u8]>,
+    pub orphans: Table<'t, u64, ()>,
+    /// Extents freed in this transaction (the caller drops them from the cache after commit).
+    pub freed: Vec<u64>,
+}
+
+impl<'t> W<'t> {
+    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<W<'t>> {
+        Ok(W {
+            inodes: txn.open_table(INODES)?,
+            dirents: txn.open_table(DIRENTS)?,
+            dirindex: txn.open_table(DIRINDEX)?,
+            xattrs: txn.open_table(XATTRS)?,
+            extmap: txn.open_table(EXTMAP)?,
+            extents: txn.open_table(EXTENTS)?,
+            seg_extents: txn.open_table(SEG_EXTENTS)?,
+            segments: txn.open_table(SEGMENTS)?,
+            stats: txn.open_table(STATS)?,
+            meta: txn.open_table(META)?,
+            orphans: txn.open_table(ORPHANS)?,
+            freed: Vec::new(),
+        })
+    }
+
+    pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {
+        match self.inodes.get(ino)? {
+            Some(v) => dec(InodeRec::decode(v.value())),
+            None => Err(Error::NotFound),
+        }
+    }
+
+    pub(crate) fn put_inode(&mut self, ino: Ino, r: &InodeRec) -> Result<()> {
+        self.inodes.insert(ino, r.encode().as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn next(&mut self, name: &'static str) -> Result<u64> {
+        let cur = match self.meta.get(name)? {
+            Some(v) => u64_value(v.value())?,
+            None => return Err(corrupt(format!("missing counter {name}"))),
+        };
+        self.meta.insert(name, (cur + 1).to_le_bytes().as_slice())?;
+        Ok(cur)
+    }
+
+    pub(crate) fn dirent(&self, dir: Ino, name: &[u8]) -> Result<Option<DirentRec>> {
+        match self.dirents.get((dir, name))? {
+            Some(v) => Ok(Some(dec(DirentRec::decode(v.value()))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Adds `name → ino` to directory `dir` (whose record `d` gets the next sequence number).
+    pub(crate) fn add_dirent(
+        &mut self,
+        dir: Ino,
+        d: &mut InodeRec,
+        name: &[u8],
+        ino: Ino,
+        kind: FileKind,
+    ) -> Result<()> {
+        let seq = d.next_seq;
+        d.next_seq += 1;
+        let rec = DirentRec { ino, kind, seq };
+        self.dirents.insert((dir, name), rec.encode().as_slice())?;
+        self.dirindex.insert((dir, seq), name)?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_dirent(&mut self, dir: Ino, name: &[u8]) -> Result<DirentRec> {
+        let rec = match self.dirents.remove((dir, name))? {
+            Some(v) => dec(DirentRec::decode(v.value()))?,
+            None => return Err(Error::NotFound),
+        };
+        self.dirindex.remove((dir, rec.seq))?;
+        Ok(rec)
+    }
+
+    /// Replaces the target of an existing entry, keeping its cookie.
+    pub(crate) fn retarget_dirent(
+        &mut self,
+        dir: Ino,
+        name: &[u8],
+        ino: Ino,
+        kind: FileKind,
+    ) -> Result<()> {
+        let mut rec = self.dirent(dir, name)?.ok_or(Error::NotFound)?;
+        rec.ino = ino;
+        rec.kind = kind;
+        self.dirents.insert((dir, name), rec.encode().as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn dir_is_empty(&self, dir: Ino) -> Result<bool> {
+        Ok(self.dirindex.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
+    }
+
+    fn stat_adjust(&mut self, key: u8, d: [i64; 4]) -> Result<()> {
+        let mut s = match self.stats.get(key)? {
+            Some(v) => dec(StatRec::decode(v.value()))?,
+            None => StatRec::default(),
+        };
+        let add = |x: u64, dx: i64| x.saturating_add_signed(dx);
+        s.extents = add(s.extents, d[0]);
+        s.disk = add(s.disk, d[1]);
+        s.uncompressed = add(s.uncompressed, d[2]);
+        s.referenced = add(s.referenced, d[3]);
+        self.stats.insert(key, s.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// Keeps the inline row of the statistics in step when a regular file's inline data changes.
+    pub(crate) fn inline_changed(&mut self, old: Option<&Inline>, new: Option<&Inline>) -> Result<()> {
+        let f = |i: Option<&Inline>| match i {
+            Some(i) => [1i64, i.bytes.len() as i64, i.raw_len as i64, i.raw_len as i64],
+            None => [0; 4],
+        };
+        let (a, b) = (f(old), f(new));
+        if a != b {
+            self.stat_adjust(STAT_INLINE, [b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3]])?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn extent(&self, id: u64) -> Result<ExtentRec> {
+        match self.extents.get(id)? {
+            Some(v) => dec(ExtentRec::decode(v.value())),
+            None => Err(corrupt(format!("extent {id} referenced but missing"))),
+        }
+    }
+
+    pub(crate) fn segment(&self, id: u64) -> Result<SegmentRec> {
+        match self.segments.get(id)? {
+            Some(v) => dec(SegmentRec::decode(v.value())),
+            None => Ok(SegmentRec::default()),
+        }
+    }
+
+    pub(crate) fn put_segment(&mut self, id: u64, s: &SegmentRec) -> Result<()> {
+        self.segments.insert(id, s.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// Records a freshly written extent (no references yet). Returns its footprint.
+    pub(crate) fn add_extent(&mut self, id: u64, rec: &ExtentRec) -> Result<()> {
+        self.extents.insert(id, rec.encode().as_slice())?;
+        self.seg_extents.insert((rec.segment, rec.seg_offset), id)?;
+        let mut s = self.segment(rec.segment)?;
+        s.live += rec.footprint();
+        s.len = s.len.max(rec.seg_offset + rec.footprint());
+        self.put_segment(rec.segment, &s)?;
+        self.stat_adjust(
+            rec.codec,
+            [1, rec.stored_len as i64, rec.raw_len as i64, 0],
+        )?;
+        Ok(())
+    }
+
+    /// Changes an extent's reference count and referenced bytes; frees it at zero references.
+    /// Returns the change of the owner's disk bytes.
+    fn extent_adjust(&mut self, id: u64, drefs: i64, dref_bytes: i64) -> Result<i64> {
+        let mut rec = self.extent(id)?;
+        let refs = rec.refs as i64 + drefs;
+        if refs < 0 {
+            return Err(corrupt(format!("extent {id} reference count below zero")));
+        }
+        self.stat_adjust(rec.codec, [0, 0, 0, dref_bytes])?;
+        if refs == 0 {
+            self.extents.remove(id)?;
+            self.seg_extents.remove((rec.segment, rec.seg_offset))?;
+            let mut s = self.segment(rec.segment)?;
+            s.live = s.live.saturating_sub(rec.footprint());
+            self.put_segment(rec.segment, &s)?;
+            self.stat_adjust(
+                rec.codec,
+                [-1, -(rec.stored_len as i64), -(rec.raw_len as i64), 0],
+            )?;
+            self.freed.push(id);
+            return Ok(-(rec.stored_len as i64));
+        }
+        rec.refs = refs as u32;
+        self.extents.insert(id, rec.encode().as_slice())?;
+        Ok(0)
+    }
+
+    /// Adds a map entry (the range must be free). Returns the disk-bytes change of the inode.
+    pub(crate) fn map_insert(&mut self, ino: Ino, off: u64, m: MapRec, new_extent: bool) -> Result<i64> {
+        self.extmap.insert((ino, off), m.encode().as_slice())?;
+        let d = self.extent_adjust(m.extent, 1, m.len as i64)?;
+        if new_extent {
+            let rec = self.extent(m.extent)?;
+            return Ok(d + rec.stored_len as i64);
+        }
+        Ok(d)
+    }
+
+    /// The map entries overlapping `[start, end)`.
+    pub(crate) fn map_overlapping(&self, ino: Ino, start: u64, end: u64) -> Result<Vec<(u64, MapRec)>> {
+        let mut out = Vec::new();
+        if start >= end {
+            return Ok(out);
+        }
+        if let Some(r) = self.extmap.range((ino, 0)..(ino, start))?.next_back() {
+            let (k, v) = r?;
+            let m = dec(MapRec::decode(v.value()))?;
+            let off = k.value().1;
+            if off + m.len as u64 > start {
+                out.push((off, m));
+            }
+        }
+        for r in self.extmap.range((ino, start)..(ino, end))? {
+            let (k, v) = r?;
+            out.push((k.value().1, dec(MapRec::decode(v.value()))?));
+        }
+        Ok(out)
+    }
+
+    /// Removes the file range `[start, end)` from `ino`'s map, trimming or splitting entries
+    /// that cross the bounds (the kept pieces keep referencing the same extent). Returns the
+    /// disk-bytes change of the inode.
+    pub(crate) fn map_remove_range(&mut self, ino: Ino, start: u64, end: u64) -> Result<i64> {
+        let mut disk = 0i64;
+        for (off, m) in self.map_overlapping(ino, start, end)? {
+            let e_end = off + m.len as u64;
+            self.extmap.remove((ino, off))?;
+            let mut refs = -1i64;
+            let mut kept = 0i64;
+            if off < start {
+                let left = MapRec { len: (start - off) as u32, ..m };
+                self.extmap.insert((ino, off), left.encode().as_slice())?;
+                refs += 1;
+                kept += left.len as i64;
+            }
+            if e_end > end {
+                let right = MapRec {
+                    extent: m.extent,
+                    ext_offset: m.ext_offset + (end - off) as u32,
+                    len: (e_end - end) as u32,
+                };
+                self.extmap.insert((ino, end), right.encode().as_slice())?;
+                refs += 1;
+                kept += right.len as i64;
+            }
+            disk += self.extent_adjust(m.extent, refs, kept - m.len as i64)?;
+        }
+        Ok(disk)
+    }
+
+    /// Deletes an inode and everything it owns (map, extents, xattrs, orphan mark).
+    pub(crate) fn free_inode(&mut self, ino: Ino) -> Result<()> {
+        let rec = self.inode(ino)?;
+        self.map_remove_range(ino, 0, u64::MAX)?;
+        if rec.kind == FileKind::File {
+            self.inline_changed(rec.inline.as_ref(), None)?;
+        }
+        let names: Vec<Vec<u8>> = self
+            .xattrs
+            .range((ino, &[][..])..(ino + 1, &[][..]))?
+            .map(|r| r.map(|(k, _)| k.value().1.to_vec()))
+            .collect::<std::result::Result<_, _>>()?;
+        for n in names {
+            self.xattrs.remove((ino, n.as_slice()))?;
+        }
+        self.orphans.remove(ino)?;
+        self.inodes.remove(ino)?;
+        Ok(())
+    }
+}

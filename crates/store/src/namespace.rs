@@ -1,0 +1,739 @@
+//! Namespace operations: lookup, attributes, creation, links, rename, directories, xattrs,
+//! open/release. Each change is one metadata transaction.
+
+use std::sync::atomic::Ordering;
+
+use compfs_codec::CodecSpec;
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::data::inode_in;
+use crate::error::{Error, Result};
+use crate::format::{DirentRec, InodeRec};
+use crate::meta::{self, dec, W};
+use crate::store::{lock, Inner, Store};
+use crate::types::*;
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::InvalidArgument("invalid file name".into()));
+    }
+    Ok(())
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+pub(crate) fn attr_of(ino: Ino, r: &InodeRec) -> Attr {
+    let inline = r.inline.as_ref().map_or(0, |i| i.bytes.len() as u64);
+    Attr {
+        ino,
+        kind: r.kind,
+        perm: r.perm & 0o7777,
+        nlink: r.nlink,
+        uid: r.uid,
+        gid: r.gid,
+        rdev: r.rdev,
+        size: r.size,
+        blocks: (r.disk_bytes + inline).div_ceil(512),
+        atime: r.atime,
+        mtime: r.mtime,
+        ctime: r.ctime,
+        crtime: r.crtime,
+    }
+}
+
+fn resolve(t: &TimeOrNow, now: Timestamp) -> Timestamp {
+    match t {
+        TimeOrNow::Now => now,
+        TimeOrNow::Time(t) => *t,
+    }
+}
+
+impl Inner {
+    /// Attributes with buffered size and times overlaid.
+    pub(crate) fn attr(&self, ino: Ino) -> Result<Attr> {
+        let rec = self.inode(ino)?;
+        let mut a = attr_of(ino, &rec);
+        if let Some(f) = self.existing_file(ino) {
+            let g = lock(&f);
+            if let Some(d) = &g.dirty {
+                a.size = d.size;
+                a.mtime = d.mtime;
+                a.ctime = a.ctime.max(d.ctime);
+            }
+        }
+        Ok(a)
+    }
+
+    fn open_count(&self, ino: Ino) -> u32 {
+        self.existing_file(ino).map_or(0, |f| lock(&f).open)
+    }
+
+    /// Drops one link of `ino` inside `w`; frees it (or marks it orphan while open).
+    fn drop_link(&self, w: &mut W<'_>, ino: Ino, rec: &mut InodeRec, now: Timestamp) -> Result<()> {
+        let dir = rec.kind == FileKind::Dir;
+        rec.nlink = if dir { 0 } else { rec.nlink.saturating_sub(1) };
+        rec.ctime = now;
+        if rec.nlink == 0 {
+            if self.open_count(ino) > 0 {
+                w.orphans.insert(ino, ())?;
+                w.put_inode(ino, rec)?;
+            } else {
+                w.free_inode(ino)?;
+                self.discard(ino);
+            }
+        } else {
+            w.put_inode(ino, rec)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets buffered data of a freed inode.
+    fn discard(&self, ino: Ino) {
+        if let Some(f) = self.existing_file(ino) {
+            if let Ok(mut g) = f.try_lock() {
+                if let Some(d) = g.dirty.take() {
+                    self.dirty_bytes.fetch_sub(
+                        d.blocks.len() * self.sb.extent_size as usize,
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Creates an inode and its entry in `parent`.
+    #[allow(clippy::too_many_arguments)]
+    fn create_node(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        self.check_writable()?;
+        check_name(name)?;
+        if is_dot(name) {
+            return Err(Error::Exists);
+        }
+        let txn = self.begin(false)?;
+        let attr;
+        {
+            let mut w = W::open(&txn)?;
+            let mut p = w.inode(parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(Error::NotDir);
+            }
+            if w.dirent(parent, name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            let ino = w.next(meta::NEXT_INO)?;
+            let now = Timestamp::now();
+            let rec = InodeRec {
+                kind,
+                perm: perm & 0o7777,
+                nlink: if kind == FileKind::Dir { 2 } else { 1 },
+                uid,
+                gid,
+                rdev,
+                size: target.map_or(0, |t| t.len() as u64),
+                atime: now,
+                mtime: now,
+                ctime: now,
+                crtime: now,
+                parent: if kind == FileKind::Dir { parent } else { 0 },
+                next_seq: 0,
+                disk_bytes: 0,
+                inline: target.map(|t| crate::format::Inline {
+                    codec: 0,
+                    level: 0,
+                    raw_len: t.len() as u32,
+                    bytes: t.to_vec(),
+                }),
+            };
+            w.put_inode(ino, &rec)?;
+            if matches!(kind, FileKind::File | FileKind::Dir) {
+                let inherited = w
+                    .xattrs
+                    .get((parent, COMPRESSION_XATTR))?
+                    .map(|v| v.value().to_vec());
+                if let Some(v) = inherited {
+                    w.xattrs.insert((ino, COMPRESSION_XATTR), v.as_slice())?;
+                }
+            }
+            w.add_dirent(parent, &mut p, name, ino, kind)?;
+            if kind == FileKind::Dir {
+                p.nlink += 1;
+            }
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(parent, &p)?;
+            attr = attr_of(ino, &rec);
+        }
+        self.commit(txn, false)?;
+        Ok(attr)
+    }
+}
+
+impl Store {
+    /// Looks up `name` in directory `parent`.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let ino = {
+            let txn = self.inner.db.begin_read()?;
+            let p = inode_in(&txn, parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(Error::NotDir);
+            }
+            if name == b"." {
+                parent
+            } else if name == b".." {
+                p.parent
+            } else {
+                let t = txn.open_table(meta::DIRENTS)?;
+                match t.get((parent, name))? {
+                    Some(v) => dec(DirentRec::decode(v.value()))?.ino,
+                    None => return Err(Error::NotFound),
+                }
+            }
+        };
+        self.inner.attr(ino)
+    }
+
+    /// Attributes of `ino` (buffered writes included).
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.inner.attr(ino)
+    }
+
+    /// Changes attributes; `size` truncates (down or up).
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        if let Some(size) = set.size {
+            inner.with_file(ino, |st| inner.truncate_locked(ino, st, size))?;
+            inner.maybe_forget(ino);
+        }
+        let other = set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.atime.is_some()
+            || set.mtime.is_some()
+            || set.ctime.is_some();
+        if other {
+            inner.with_file(ino, |st| {
+                let now = Timestamp::now();
+                let txn = inner.begin(false)?;
+                {
+                    let mut w = W::open(&txn)?;
+                    let mut r = w.inode(ino)?;
+                    if let Some(m) = set.mode {
+                        r.perm = (m & 0o7777) as u16;
+                    }
+                    if let Some(u) = set.uid {
+                        r.uid = u;
+                    }
+                    if let Some(g) = set.gid {
+                        r.gid = g;
+                    }
+                    if let Some(t) = &set.atime {
+                        r.atime = resolve(t, now);
+                    }
+                    if let Some(t) = &set.mtime {
+                        r.mtime = resolve(t, now);
+                        if let Some(d) = st.dirty.as_mut() {
+                            d.mtime = r.mtime;
+                        }
+                    }
+                    r.ctime = set.ctime.unwrap_or(now);
+                    if let Some(d) = st.dirty.as_mut() {
+                        d.ctime = r.ctime;
+                    }
+                    w.put_inode(ino, &r)?;
+                }
+                inner.commit(txn, false)
+            })?;
+            inner.maybe_forget(ino);
+        }
+        inner.attr(ino)
+    }
+
+    /// Creates a regular file, FIFO, socket or device node.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(Error::InvalidArgument("mknod cannot create directories or symlinks".into()));
+        }
+        self.inner
+            .create_node(parent, name, kind, perm, uid, gid, rdev, None)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+        self.inner
+            .create_node(parent, name, FileKind::Dir, perm, uid, gid, 0, None)
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() || target.len() > 4095 {
+            return Err(Error::InvalidArgument("symlink target must be 1..4095 bytes".into()));
+        }
+        self.inner.create_node(
+            parent,
+            name,
+            FileKind::Symlink,
+            0o777,
+            uid,
+            gid,
+            0,
+            Some(target),
+        )
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let r = self.inner.inode(ino)?;
+        if r.kind != FileKind::Symlink {
+            return Err(Error::InvalidArgument("not a symlink".into()));
+        }
+        match &r.inline {
+            Some(i) => crate::data::decode_inline(ino, i),
+            None => Err(meta::corrupt(format!("symlink {ino} has no target"))),
+        }
+    }
+
+    /// Adds a hard link `new_parent/new_name` to `ino`.
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        check_name(new_name)?;
+        if is_dot(new_name) {
+            return Err(Error::Exists);
+        }
+        let txn = inner.begin(false)?;
+        {
+            let mut w = W::open(&txn)?;
+            let mut r = w.inode(ino)?;
+            if r.kind == FileKind::Dir {
+                return Err(Error::NotPermitted("hard links to directories".into()));
+            }
+            if r.nlink == 0 {
+                return Err(Error::NotFound);
+            }
+            let mut p = w.inode(new_parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(Error::NotDir);
+            }
+            if w.dirent(new_parent, new_name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            let now = Timestamp::now();
+            w.add_dirent(new_parent, &mut p, new_name, ino, r.kind)?;
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(new_parent, &p)?;
+            r.nlink += 1;
+            r.ctime = now;
+            w.put_inode(ino, &r)?;
+        }
+        inner.commit(txn, false)?;
+        inner.attr(ino)
+    }
+
+    /// Removes a non-directory entry. The inode lives on while open.
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, false)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, true)
+    }
+
+    fn remove_entry(&self, parent: Ino, name: &[u8], dir: bool) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if name == b"." {
+            return Err(Error::InvalidArgument("cannot remove '.'".into()));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        let txn = inner.begin(false)?;
+        {
+            let mut w = W::open(&txn)?;
+            let mut p = w.inode(parent)?;
+            if p.kind != FileKind::Dir {
+                return Err(Error::NotDir);
+            }
+            let de = w.dirent(parent, name)?.ok_or(Error::NotFound)?;
+            let mut r = w.inode(de.ino)?;
+            if dir {
+                if r.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                if !w.dir_is_empty(de.ino)? {
+                    return Err(Error::NotEmpty);
+                }
+            } else if r.kind == FileKind::Dir {
+                return Err(Error::IsDir);
+            }
+            let now = Timestamp::now();
+            w.remove_dirent(parent, name)?;
+            if dir {
+                p.nlink = p.nlink.saturating_sub(1);
+            }
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(parent, &p)?;
+            inner.drop_link(&mut w, de.ino, &mut r, now)?;
+        }
+        inner.commit(txn, false)
+    }
+
+    /// Renames (with `RENAME_NOREPLACE` / `RENAME_EXCHANGE` semantics when flagged).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        check_name(name)?;
+        check_name(new_name)?;
+        if is_dot(name) || is_dot(new_name) {
+            return Err(Error::InvalidArgument("cannot rename '.' or '..'".into()));
+        }
+        if flags.noreplace && flags.exchange {
+            return Err(Error::InvalidArgument("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+        }
+        let txn = inner.begin(false)?;
+        {
+            let mut w = W::open(&txn)?;
+            let now = Timestamp::now();
+            for d in [parent, new_parent] {
+                if w.inode(d)?.kind != FileKind::Dir {
+                    return Err(Error::NotDir);
+                }
+            }
+            let src = w.dirent(parent, name)?.ok_or(Error::NotFound)?;
+            let dst = w.dirent(new_parent, new_name)?;
+            // A directory may not move below itself.
+            let ancestor_of = |w: &W<'_>, a: Ino, mut d: Ino| -> Result<bool> {
+                loop {
+                    if d == a {
+                        return Ok(true);
+                    }
+                    if d == ROOT_INO {
+                        return Ok(false);
+                    }
+                    d = w.inode(d)?.parent;
+                }
+            };
+            if flags.exchange {
+                let dst = dst.ok_or(Error::NotFound)?;
+                if src.ino == dst.ino {
+                    return Ok(());
+                }
+                if (src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)?)
+                    || (dst.kind == FileKind::Dir && ancestor_of(&w, dst.ino, parent)?)
+                {
+                    return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                }
+                w.retarget_dirent(parent, name, dst.ino, dst.kind)?;
+                w.retarget_dirent(new_parent, new_name, src.ino, src.kind)?;
+                if parent != new_parent {
+                    for (ino, kind, from, to) in [
+                        (src.ino, src.kind, parent, new_parent),
+                        (dst.ino, dst.kind, new_parent, parent),
+                    ] {
+                        if kind == FileKind::Dir {
+                            let mut r = w.inode(ino)?;
+                            r.parent = to;
+                            r.ctime = now;
+                            w.put_inode(ino, &r)?;
+                            let mut f = w.inode(from)?;
+                            f.nlink = f.nlink.saturating_sub(1);
+                            w.put_inode(from, &f)?;
+                            let mut t = w.inode(to)?;
+                            t.nlink += 1;
+                            w.put_inode(to, &t)?;
+                        }
+                    }
+                }
+                for (ino, _) in [(src.ino, 0), (dst.ino, 0)] {
+                    let mut r = w.inode(ino)?;
+                    r.ctime = now;
+                    w.put_inode(ino, &r)?;
+                }
+            } else {
+                if let Some(dst) = dst {
+                    if flags.noreplace {
+                        return Err(Error::Exists);
+                    }
+                    if dst.ino == src.ino {
+                        // Both names are links to the same inode: nothing to do (POSIX).
+                        return Ok(());
+                    }
+                    let mut dr = w.inode(dst.ino)?;
+                    if src.kind == FileKind::Dir {
+                        if dr.kind != FileKind::Dir {
+                            return Err(Error::NotDir);
+                        }
+                        if !w.dir_is_empty(dst.ino)? {
+                            return Err(Error::NotEmpty);
+                        }
+                    } else if dr.kind == FileKind::Dir {
+                        return Err(Error::IsDir);
+                    }
+                    if src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)? {
+                        return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                    }
+                    w.remove_dirent(new_parent, new_name)?;
+                    if dr.kind == FileKind::Dir {
+                        let mut np = w.inode(new_parent)?;
+                        np.nlink = np.nlink.saturating_sub(1);
+                        w.put_inode(new_parent, &np)?;
+                    }
+                    inner.drop_link(&mut w, dst.ino, &mut dr, now)?;
+                } else if src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)? {
+                    return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                }
+                w.remove_dirent(parent, name)?;
+                let mut np = w.inode(new_parent)?;
+                w.add_dirent(new_parent, &mut np, new_name, src.ino, src.kind)?;
+                if src.kind == FileKind::Dir && parent != new_parent {
+                    np.nlink += 1;
+                }
+                np.mtime = now;
+                np.ctime = now;
+                w.put_inode(new_parent, &np)?;
+                let mut r = w.inode(src.ino)?;
+                if src.kind == FileKind::Dir {
+                    r.parent = new_parent;
+                }
+                r.ctime = now;
+                w.put_inode(src.ino, &r)?;
+            }
+            let mut p = w.inode(parent)?;
+            if !flags.exchange && src.kind == FileKind::Dir && parent != new_parent {
+                p.nlink = p.nlink.saturating_sub(1);
+            }
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(parent, &p)?;
+        }
+        inner.commit(txn, false)
+    }
+
+    /// Lists a directory from cookie `offset` (0 = start), at most `max` entries, "." and ".."
+    /// included. Cookies stay valid across concurrent changes.
+    pub fn readdir(&self, dir: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let txn = self.inner.db.begin_read()?;
+        let d = inode_in(&txn, dir)?;
+        if d.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        let mut out = Vec::new();
+        if offset == 0 && out.len() < max {
+            out.push(DirEntry { ino: dir, kind: FileKind::Dir, name: b".".to_vec(), offset: 1 });
+        }
+        if offset <= 1 && out.len() < max {
+            out.push(DirEntry { ino: d.parent, kind: FileKind::Dir, name: b"..".to_vec(), offset: 2 });
+        }
+        let idx = txn.open_table(meta::DIRINDEX)?;
+        let ents = txn.open_table(meta::DIRENTS)?;
+        let from = offset.saturating_sub(2);
+        for r in idx.range((dir, from)..=(dir, u64::MAX))? {
+            if out.len() >= max {
+                break;
+            }
+            let (k, name) = r?;
+            let seq = k.value().1;
+            let name = name.value().to_vec();
+            let de = match ents.get((dir, name.as_slice()))? {
+                Some(v) => dec(DirentRec::decode(v.value()))?,
+                None => return Err(meta::corrupt(format!("directory index of {dir} names a missing entry"))),
+            };
+            out.push(DirEntry { ino: de.ino, kind: de.kind, name, offset: seq + 3 });
+        }
+        Ok(out)
+    }
+
+    /// Counts an open handle (an unlinked inode lives while open). Named `open_file` because
+    /// `Store::open` opens a store.
+    pub fn open_file(&self, ino: Ino) -> Result<()> {
+        self.inner.inode(ino)?;
+        self.inner.with_file(ino, |st| {
+            st.open += 1;
+            Ok(())
+        })
+    }
+
+    /// Drops an open handle; flushes buffered writes and frees an unlinked inode on the last one.
+    pub fn release(&self, ino: Ino) -> Result<()> {
+        let inner = &self.inner;
+        let last = inner.with_file(ino, |st| {
+            st.open = st.open.saturating_sub(1);
+            if st.open > 0 {
+                return Ok(false);
+            }
+            let orphan = {
+                let txn = inner.db.begin_read()?;
+                let t = txn.open_table(meta::ORPHANS)?;
+                t.get(ino)?.is_some()
+            };
+            if orphan {
+                if let Some(d) = st.dirty.take() {
+                    inner.dirty_bytes.fetch_sub(d.blocks.len() * inner.sb.extent_size as usize, Ordering::Relaxed);
+                }
+                if inner.check_writable().is_ok() {
+                    let txn = inner.begin(false)?;
+                    {
+                        let mut w = W::open(&txn)?;
+                        match w.free_inode(ino) {
+                            Ok(()) | Err(Error::NotFound) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    inner.commit(txn, false)?;
+                }
+            } else if st.dirty.is_some() && inner.check_writable().is_ok() {
+                inner.flush_locked(ino, st, false)?;
+            }
+            Ok(true)
+        })?;
+        if last {
+            inner.maybe_forget(ino);
+        }
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let txn = self.inner.db.begin_read()?;
+        inode_in(&txn, ino)?;
+        let t = txn.open_table(meta::XATTRS)?;
+        match t.get((ino, name))? {
+            Some(v) => Ok(v.value().to_vec()),
+            None => Err(Error::NoXattr),
+        }
+    }
+
+    /// Sets an xattr. `compfs.compression` takes a codec spec (validated; empty clears it).
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        if name.is_empty() || name.len() > 255 {
+            return Err(Error::InvalidArgument("xattr name must be 1..255 bytes".into()));
+        }
+        if value.len() > 65536 {
+            return Err(Error::InvalidArgument("xattr value longer than 64 KiB".into()));
+        }
+        let mut value = value.to_vec();
+        let mut clear = false;
+        if name == COMPRESSION_XATTR {
+            let s = std::str::from_utf8(&value)
+                .map_err(|_| Error::InvalidArgument("compression value is not UTF-8".into()))?
+                .trim()
+                .trim_end_matches('\0')
+                .to_string();
+            if s.is_empty() {
+                clear = true;
+            } else {
+                let p = CodecSpec::parse(&s).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                value = p.spec.to_string().into_bytes();
+            }
+        }
+        let txn = inner.begin(false)?;
+        {
+            let mut w = W::open(&txn)?;
+            let mut r = w.inode(ino)?;
+            let exists = w.xattrs.get((ino, name))?.is_some();
+            match how {
+                XattrSet::Create if exists => return Err(Error::Exists),
+                XattrSet::Replace if !exists => return Err(Error::NoXattr),
+                _ => {}
+            }
+            if clear {
+                w.xattrs.remove((ino, name))?;
+            } else {
+                w.xattrs.insert((ino, name), value.as_slice())?;
+            }
+            r.ctime = Timestamp::now();
+            w.put_inode(ino, &r)?;
+        }
+        inner.commit(txn, false)
+    }
+
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let txn = self.inner.db.begin_read()?;
+        inode_in(&txn, ino)?;
+        let t = txn.open_table(meta::XATTRS)?;
+        let mut v = Vec::new();
+        for r in t.range((ino, &[][..])..(ino + 1, &[][..]))? {
+            v.push(r?.0.value().1.to_vec());
+        }
+        Ok(v)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        let txn = inner.begin(false)?;
+        {
+            let mut w = W::open(&txn)?;
+            let mut r = w.inode(ino)?;
+            if w.xattrs.remove((ino, name))?.is_none() {
+                return Err(Error::NoXattr);
+            }
+            r.ctime = Timestamp::now();
+            w.put_inode(ino, &r)?;
+        }
+        inner.commit(txn, false)
+    }
+
+    /// The `compfs.compression` property of `ino`.
+    pub fn compression(&self, ino: Ino) -> Result<Option<CodecSpec>> {
+        match self.getxattr(ino, COMPRESSION_XATTR) {
+            Ok(v) => {
+                let s = String::from_utf8_lossy(&v).to_string();
+                Ok(CodecSpec::parse(&s).ok().map(|p| p.spec))
+            }
+            Err(Error::NoXattr) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets (or clears) the `compfs.compression` property of `ino`.
+    pub fn set_compression(&self, ino: Ino, spec: Option<CodecSpec>) -> Result<()> {
+        match spec {
+            Some(s) => self.setxattr(ino, COMPRESSION_XATTR, s.to_string().as_bytes(), XattrSet::Any),
+            None => match self.removexattr(ino, COMPRESSION_XATTR) {
+                Ok(()) | Err(Error::NoXattr) => Ok(()),
+                Err(e) => Err(e),
+            },
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Compression worker pool: one [`ExtentEncoder`] per worker thread, reused for every extent.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use compfs_codec::ExtentEncoder;
+
+type Job = Box<dyn FnOnce(&mut ExtentEncoder) + Send>;
+
+/// A fixed set of worker threads fed from one queue.
+pub(crate) struct Pool {
+    tx: Mutex<Option<Sender<Job>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) threads: usize,
+}
+
+impl Pool {
+    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        let threads = threads.max(1);
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut workers = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let rx: Arc<Mutex<Receiver<Job>>> = rx.clone();
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("compfs-zip{i}"))
+                    .spawn(move || {
+                        let mut enc = ExtentEncoder::new();
+                        loop {
+                            let job = match rx.lock() {
+                                Ok(r) => r.recv(),
+                                Err(_) => return,
+                            };
+                            match job {
+                                Ok(job) => job(&mut enc),
+                                Err(_) => return,
+                            }
+                        }
+                    })?,
+            );
+        }
+        Ok(Pool {
+            tx: Mutex::new(Some(tx)),
+            workers: Mutex::new(workers),
+            threads,
+        })
+    }
+
+    /// Runs every job on the pool and returns their results in order. Runs a job on the calling
+    /// thread when the pool is shut down.
+    pub(crate) fn map<T, F>(&self, jobs: Vec<F>) -> Vec<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut ExtentEncoder) -> T + Send + 'static,
+    {
+        let n = jobs.len();
+        let (rtx, rrx) = channel::<(usize, T)>();
+        let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let sender = self.tx.lock().ok().and_then(|g| g.clone());
+        for (i, f) in jobs.into_iter().enumerate() {
+            let rtx = rtx.clone();
+            let job: Job = Box::new(move |enc| {
+                let _ = rtx.send((i, f(enc)));
+            });
+            let leftover = match &sender {
+                Some(s) => s.send(job).err().map(|e| e.0),
+                None => Some(job),
+            };
+            if let Some(job) = leftover {
+                job(&mut ExtentEncoder::new());
+            }
+        }
+        drop(rtx);
+        while let Ok((i, t)) = rrx.recv() {
+            results[i] = Some(t);
+        }
+        // Every job sends exactly once before its sender clone drops, and recv() only fails
+        // after all clones dropped, so every slot is filled.
+        results.into_iter().flatten().collect()
+    }
+
+    pub(crate) fn shutdown(&self) {
+        if let Ok(mut g) = self.tx.lock() {
+            g.take();
+        }
+        let ws = match self.workers.lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(_) => return,
+        };
+        for w in ws {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

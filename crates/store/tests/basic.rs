@@ -1,0 +1,178 @@
+//! Basic semantics of the store API.
+
+use compfs_store::*;
+
+fn new_store(ext: u32) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s");
+    let opts = CreateOptions {
+        extent_size: ext,
+        ..CreateOptions::default()
+    };
+    let s = Store::create(&p, &opts).unwrap();
+    (dir, s)
+}
+
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let words: [&[u8]; 6] = [b"alpha ", b"beta ", b"gamma ", b"delta ", b"\n", b"0123456789 "];
+    let mut s = seed;
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        v.extend_from_slice(words[(s >> 60) as usize % 6]);
+    }
+    v.truncate(n);
+    v
+}
+
+fn read_all(s: &Store, ino: Ino) -> Vec<u8> {
+    let size = s.getattr(ino).unwrap().size as usize;
+    let mut buf = vec![0u8; size + 10];
+    let n = s.read(ino, 0, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn create_write_read_reopen() {
+    let (dir, s) = new_store(16384);
+    let p = dir.path().join("s");
+    let f = s.mknod(ROOT_INO, b"a.txt", FileKind::File, 0o644, 1, 2, 0).unwrap();
+    assert_eq!(f.nlink, 1);
+    let data = pattern(100_000, 1);
+    assert_eq!(s.write(f.ino, 0, &data).unwrap(), data.len());
+    assert_eq!(read_all(&s, f.ino), data);
+    s.fsync(f.ino, false).unwrap();
+    assert_eq!(read_all(&s, f.ino), data);
+    // overwrite in the middle, unaligned
+    s.write(f.ino, 5000, b"HELLO").unwrap();
+    let mut want = data.clone();
+    want[5000..5005].copy_from_slice(b"HELLO");
+    assert_eq!(read_all(&s, f.ino), want);
+    let d = s.mkdir(ROOT_INO, b"dir", 0o755, 0, 0).unwrap();
+    s.symlink(d.ino, b"ln", b"../a.txt", 0, 0).unwrap();
+    s.close().unwrap();
+    let s = Store::open(&p, &OpenOptions::default()).unwrap();
+    let a = s.lookup(ROOT_INO, b"a.txt").unwrap();
+    assert_eq!(a.size, 100_000);
+    assert_eq!((a.uid, a.gid, a.perm), (1, 2, 0o644));
+    assert!(a.blocks > 0 && a.blocks * 512 < 100_000);
+    assert_eq!(read_all(&s, a.ino), want);
+    let l = s.lookup(d.ino, b"ln").unwrap();
+    assert_eq!(s.readlink(l.ino).unwrap(), b"../a.txt");
+    assert_eq!(s.lookup(d.ino, b"..").unwrap().ino, ROOT_INO);
+    let names: Vec<Vec<u8>> = s.readdir(ROOT_INO, 0, 100).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"a.txt".to_vec(), b"dir".to_vec()]);
+}
+
+#[test]
+fn small_files_inline_and_holes() {
+    let (_d, s) = new_store(4096);
+    let f = s.mknod(ROOT_INO, b"small", FileKind::File, 0o644, 0, 0, 0).unwrap();
+    s.write(f.ino, 0, b"tiny file").unwrap();
+    s.sync().unwrap();
+    let u = s.usage(&[f.ino]).unwrap();
+    assert_eq!((u.files, u.inline, u.regular_extents), (1, 1, 0));
+    // grow past the inline limit with a hole in between
+    s.write(f.ino, 20000, b"tail").unwrap();
+    s.sync().unwrap();
+    let mut buf = vec![1u8; 20004];
+    assert_eq!(s.read(f.ino, 0, &mut buf).unwrap(), 20004);
+    assert_eq!(&buf[..9], b"tiny file");
+    assert!(buf[9..20000].iter().all(|&b| b == 0));
+    assert_eq!(&buf[20000..], b"tail");
+    assert_eq!(s.seek_data(f.ino, 100).unwrap(), 20000 / 4096 * 4096);
+    assert_eq!(s.seek_hole(f.ino, 0).unwrap(), 9);
+    assert!(matches!(s.seek_data(f.ino, 20004), Err(Error::NoData)));
+    // truncate down and up
+    s.setattr(f.ino, &SetAttr { size: Some(4), ..Default::default() }).unwrap();
+    s.setattr(f.ino, &SetAttr { size: Some(10), ..Default::default() }).unwrap();
+    assert_eq!(read_all(&s, f.ino), b"tiny\0\0\0\0\0\0");
+}
+
+#[test]
+fn namespace_errors_and_rename() {
+    let (_d, s) = new_store(131072);
+    let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap();
+    let f = s.mknod(d.ino, b"f", FileKind::File, 0o600, 0, 0, 0).unwrap();
+    assert!(matches!(s.mknod(d.ino, b"f", FileKind::File, 0o600, 0, 0, 0), Err(Error::Exists)));
+    assert!(matches!(s.rmdir(ROOT_INO, b"d"), Err(Error::NotEmpty)));
+    assert!(matches!(s.unlink(ROOT_INO, b"d"), Err(Error::IsDir)));
+    assert!(matches!(s.lookup(ROOT_INO, &[b'x'; 256]), Err(Error::NameTooLong)));
+    assert!(matches!(s.lookup(f.ino, b"x"), Err(Error::NotDir)));
+    assert!(matches!(s.link(d.ino, ROOT_INO, b"dl"), Err(Error::NotPermitted(_))));
+    s.link(f.ino, ROOT_INO, b"g").unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().nlink, 2);
+    s.rename(ROOT_INO, b"g", d.ino, b"f", RenameFlags::default()).unwrap(); // same inode: no-op
+    assert_eq!(s.getattr(f.ino).unwrap().nlink, 2);
+    assert!(matches!(
+        s.rename(ROOT_INO, b"d", d.ino, b"sub", RenameFlags::default()),
+        Err(Error::InvalidArgument(_))
+    ));
+    let e = s.mkdir(ROOT_INO, b"e", 0o755, 0, 0).unwrap();
+    assert_eq!(s.getattr(ROOT_INO).unwrap().nlink, 4);
+    s.rename(ROOT_INO, b"e", d.ino, b"e2", RenameFlags::default()).unwrap();
+    assert_eq!(s.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(s.getattr(d.ino).unwrap().nlink, 3);
+    assert_eq!(s.lookup(e.ino, b"..").unwrap().ino, d.ino);
+    s.rename(d.ino, b"f", ROOT_INO, b"g", RenameFlags { exchange: true, noreplace: false }).unwrap();
+    assert!(matches!(
+        s.rename(ROOT_INO, b"g", d.ino, b"e2", RenameFlags { noreplace: true, exchange: false }),
+        Err(Error::Exists)
+    ));
+    // unlink while open keeps the data
+    s.unlink(ROOT_INO, b"g").unwrap();
+    s.open_file(f.ino).unwrap();
+    s.write(f.ino, 0, b"data").unwrap();
+    s.unlink(d.ino, b"f").unwrap();
+    let mut b = [0u8; 4];
+    assert_eq!(s.read(f.ino, 0, &mut b).unwrap(), 4);
+    assert_eq!(&b, b"data");
+    s.release(f.ino).unwrap();
+    assert!(matches!(s.getattr(f.ino), Err(Error::NotFound)));
+    // readdir cookies
+    for i in 0..20 {
+        s.mknod(ROOT_INO, format!("n{i}").as_bytes(), FileKind::File, 0o600, 0, 0, 0).unwrap();
+    }
+    let mut all = Vec::new();
+    let mut off = 0;
+    loop {
+        let v = s.readdir(ROOT_INO, off, 3).unwrap();
+        if v.is_empty() {
+            break;
+        }
+        off = v.last().unwrap().offset;
+        all.extend(v.into_iter().map(|e| e.name));
+    }
+    assert_eq!(all.len(), 2 + 1 + 20);
+}
+
+#[test]
+fn xattrs_and_compression_property() {
+    let (_d, s) = new_store(131072);
+    let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap();
+    s.setxattr(d.ino, b"compfs.compression", b"lz4", XattrSet::Any).unwrap();
+    assert!(matches!(
+        s.setxattr(d.ino, b"compfs.compression", b"bogus:1", XattrSet::Any),
+        Err(Error::InvalidArgument(_))
+    ));
+    let f = s.mknod(d.ino, b"f", FileKind::File, 0o644, 0, 0, 0).unwrap();
+    assert_eq!(s.compression(f.ino).unwrap().unwrap().to_string(), "lz4");
+    s.write(f.ino, 0, &pattern(300_000, 3)).unwrap();
+    s.sync().unwrap();
+    let u = s.usage(&[f.ino]).unwrap();
+    assert!(u.per_codec.contains_key("lz4"), "{u:?}");
+    s.setxattr(f.ino, b"user.x", b"1", XattrSet::Create).unwrap();
+    assert!(matches!(s.setxattr(f.ino, b"user.x", b"1", XattrSet::Create), Err(Error::Exists)));
+    assert!(matches!(s.setxattr(f.ino, b"user.y", b"1", XattrSet::Replace), Err(Error::NoXattr)));
+    assert_eq!(s.getxattr(f.ino, b"user.x").unwrap(), b"1");
+    assert_eq!(s.listxattr(f.ino).unwrap().len(), 2);
+    s.removexattr(f.ino, b"user.x").unwrap();
+    assert!(matches!(s.getxattr(f.ino, b"user.x"), Err(Error::NoXattr)));
+    s.set_compression(f.ino, None).unwrap();
+    assert_eq!(s.compression(f.ino).unwrap(), None);
+    s.recompress(f.ino, Some((CodecSpec::parse("zstd:1").unwrap().spec, Mode::Force))).unwrap();
+    let u = s.usage(&[f.ino]).unwrap();
+    assert!(u.per_codec.contains_key("zstd") && !u.per_codec.contains_key("lz4"), "{u:?}");
+    assert_eq!(read_all(&s, f.ino), pattern(300_000, 3));
+}
