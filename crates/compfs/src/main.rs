@@ -21,6 +21,9 @@ enum Command {
     /// Benchmarks: codecs on files, the filesystem against kernel btrfs, the block device.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Compressed RAM block device (like zram) served over NBD.
+    #[command(subcommand)]
+    Blk(cmd::blk::Command),
 }
 
 #[derive(Subcommand, Debug)]
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(BenchCommand::Codecs(a)) => cmd::bench_codecs::run(a),
+        Command::Blk(c) => cmd::blk::run(c),
     };
     match result {
         Ok(code) => code,

@@ -1,4 +1,5 @@
 //! One module per command family.
 
 pub mod bench_codecs;
+pub mod blk;
 pub mod util;

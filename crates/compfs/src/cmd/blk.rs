@@ -1,0 +1,289 @@
+//! `compfs blk`: a compressed RAM block device (like zram) served over NBD, and the client
+//! side of its control channel.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use compfs_blk::server::{self, control_path, control_request};
+use compfs_blk::{Config, Export, PageStore, Stats};
+use compfs_codec::CodecSpec;
+
+use super::util::{human, parse_size};
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start the server in the foreground: a compressed RAM disk exported over NBD.
+    Serve(ServeArgs),
+    /// Print zram's mm_stat, io_stat and bd_stat lines and a summary with the ratio.
+    Stat(SocketArg),
+    /// Re-compress idle or huge pages with the --recomp-algo codecs (kept only if smaller).
+    Recompress(RecompressArgs),
+    /// Move idle or huge pages to the --backing file.
+    Writeback(WritebackArgs),
+    /// Mark every stored page idle; pages read or written later lose the mark.
+    MarkIdle(SocketArg),
+    /// Move objects out of sparse pool pages and free them.
+    Compact(SocketArg),
+    /// Drop every page and reset the statistics.
+    Reset(SocketArg),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Device size (K, M, G, T suffixes; rounded up to 4 KiB).
+    #[arg(long, default_value = "4G")]
+    size: String,
+    /// Primary codec: lz4, lzo, zstd[:N], zlib[:N].
+    #[arg(long, default_value = "lzo")]
+    algo: String,
+    /// Memory limit for stored pages (0: none); writes past it fail with ENOSPC.
+    #[arg(long, default_value = "0")]
+    mem_limit: String,
+    /// Backing file for `writeback` (created if missing).
+    #[arg(long)]
+    backing: Option<PathBuf>,
+    /// Recompression codec, repeatable, in priority order (up to 3), e.g. zstd:9.
+    #[arg(long = "recomp-algo")]
+    recomp_algo: Vec<String>,
+    /// Unix socket to serve NBD on (default: $XDG_RUNTIME_DIR or /tmp, compfs-blk.sock).
+    #[arg(long, conflicts_with = "listen")]
+    socket: Option<PathBuf>,
+    /// Serve NBD over TCP at ADDR (e.g. 127.0.0.1:10809). NBD has no authentication.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Export name clients may ask for (the empty name selects it too).
+    #[arg(long, default_value = "compfs")]
+    name: String,
+    /// Control socket (default: the NBD socket path plus `.ctl`).
+    #[arg(long)]
+    control: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SocketArg {
+    /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
+    socket: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct RecompressArgs {
+    /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
+    socket: PathBuf,
+    /// Which pages: idle or huge.
+    #[arg(long = "type")]
+    kind: String,
+    /// Only pages whose compressed size is at least this many bytes.
+    #[arg(long)]
+    threshold: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct WritebackArgs {
+    /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
+    socket: PathBuf,
+    /// Which pages: idle or huge.
+    #[arg(long = "type")]
+    kind: String,
+}
+
+pub fn run(cmd: Command) -> Result<ExitCode> {
+    match cmd {
+        Command::Serve(a) => serve(a),
+        Command::Stat(a) => {
+            let lines = request(&a.socket, "stat")?;
+            print!("{}", format_stat(&lines)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Recompress(a) => {
+            check_kind(&a.kind)?;
+            let cmd = match a.threshold {
+                Some(t) => format!("recompress {} {t}", a.kind),
+                None => format!("recompress {}", a.kind),
+            };
+            print_lines(request(&a.socket, &cmd)?)
+        }
+        Command::Writeback(a) => {
+            check_kind(&a.kind)?;
+            print_lines(request(&a.socket, &format!("writeback {}", a.kind))?)
+        }
+        Command::MarkIdle(a) => print_lines(request(&a.socket, "mark-idle")?),
+        Command::Compact(a) => print_lines(request(&a.socket, "compact")?),
+        Command::Reset(a) => print_lines(request(&a.socket, "reset")?),
+    }
+}
+
+fn check_kind(kind: &str) -> Result<()> {
+    kind.parse::<compfs_blk::PageKind>()
+        .map(|_| ())
+        .map_err(|e| anyhow!("{e}"))
+}
+
+fn print_lines(lines: Vec<String>) -> Result<ExitCode> {
+    for l in lines {
+        println!("{l}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn request(socket: &Path, cmd: &str) -> Result<Vec<String>> {
+    control_request(&control_path(socket), cmd).map_err(|e| anyhow!("{e}"))
+}
+
+/// The stat reply as printed: the three zram lines, then a human summary.
+pub fn format_stat(lines: &[String]) -> Result<String> {
+    let field = |key: &str| -> Option<&str> {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+    };
+    let (mm, io, bd) = match (field("mm_stat"), field("io_stat"), field("bd_stat")) {
+        (Some(m), Some(i), Some(b)) => (m, i, b),
+        _ => bail!("the server sent an incomplete stat reply"),
+    };
+    let s = Stats::parse(mm, io, bd).ok_or_else(|| anyhow!("the server sent a malformed stat"))?;
+    let mut out = format!("mm_stat {mm}\nio_stat {io}\nbd_stat {bd}\n");
+    let ratio = |a: u64, b: u64| {
+        if b == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", a as f64 / b as f64)
+        }
+    };
+    out.push_str(&format!(
+        "\nstored    {} ({} same-filled pages, {} huge pages)\ncompressed {}  ratio {}\nmemory    {} (max {}, limit {})  orig/mem {}\n",
+        human(s.orig_data_size),
+        s.same_pages,
+        s.huge_pages,
+        human(s.compr_data_size),
+        ratio(s.orig_data_size, s.compr_data_size),
+        human(s.mem_used_total),
+        human(s.mem_used_max),
+        if s.mem_limit == 0 {
+            "none".to_string()
+        } else {
+            human(s.mem_limit)
+        },
+        ratio(s.orig_data_size, s.mem_used_total),
+    ));
+    if let Some(d) = field("disksize").and_then(|d| d.parse::<u64>().ok()) {
+        let table = field("table_bytes").unwrap_or("0");
+        out.push_str(&format!(
+            "device    {} (page table {} bytes, not in mem_used_total, as in zram)\n",
+            human(d),
+            table
+        ));
+    }
+    if let Some(a) = field("algorithms") {
+        out.push_str(&format!("codecs    {a}\n"));
+    }
+    out.push_str(&format!(
+        "backing   {} pages now, {} read, {} written\n",
+        s.bd_count, s.bd_reads, s.bd_writes
+    ));
+    Ok(out)
+}
+
+fn parse_spec(s: &str) -> Result<CodecSpec> {
+    let p = CodecSpec::parse(s).map_err(|e| anyhow!("{e}"))?;
+    if let Some(adj) = p.adjustment {
+        eprintln!("compfs: {adj}");
+    }
+    Ok(p.spec)
+}
+
+fn default_socket() -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join("compfs-blk.sock")
+}
+
+fn serve(a: ServeArgs) -> Result<ExitCode> {
+    let size = parse_size(&a.size)?;
+    if size == 0 {
+        bail!("--size must be larger than 0");
+    }
+    let size = size.div_ceil(4096) * 4096;
+    let algo = parse_spec(&a.algo)?;
+    if algo.is_none() {
+        bail!("--algo none stores nothing compressed; use lz4, lzo, zstd or zlib");
+    }
+    if a.recomp_algo.len() > 3 {
+        bail!("at most 3 --recomp-algo codecs are allowed (zram's limit)");
+    }
+    let recomp = a
+        .recomp_algo
+        .iter()
+        .map(|s| parse_spec(s))
+        .collect::<Result<Vec<_>>>()?;
+    let mem_limit = parse_size(&a.mem_limit)?;
+    let mut store = PageStore::new(Config {
+        size,
+        algo,
+        recomp,
+        mem_limit,
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    if let Some(b) = &a.backing {
+        store = store.with_backing(b).map_err(|e| anyhow!("{e}"))?;
+    }
+    let store = Arc::new(store);
+    let export = Export {
+        name: a.name.clone(),
+        description: format!("compfs blk, {algo}"),
+        size,
+    };
+    let (ctl, nbd_desc, serve_nbd): (PathBuf, String, Box<dyn FnOnce() + Send>) = match &a.listen {
+        Some(addr) => {
+            let sa: SocketAddr = addr
+                .parse()
+                .with_context(|| format!("bad --listen address '{addr}': use IP:PORT"))?;
+            if !sa.ip().is_loopback() {
+                eprintln!(
+                        "compfs: warning: serving NBD on non-loopback {sa}: NBD has no authentication or encryption; anyone who can reach it can read and write the device"
+                    );
+            }
+            let l = TcpListener::bind(sa).with_context(|| format!("cannot listen on {sa}"))?;
+            let ctl = a.control.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("compfs-blk-{}.ctl", sa.port()))
+            });
+            let s = store.clone();
+            let e = export.clone();
+            (
+                ctl,
+                format!("nbd://{sa}/{}", a.name),
+                Box::new(move || server::serve_tcp(l, s, e)),
+            )
+        }
+        None => {
+            let path = a.socket.clone().unwrap_or_else(default_socket);
+            let l = server::bind_unix(&path).map_err(|e| anyhow!("{e}"))?;
+            let ctl = a.control.clone().unwrap_or_else(|| control_path(&path));
+            let s = store.clone();
+            let e = export.clone();
+            (
+                ctl,
+                format!("nbd+unix:///{}?socket={}", a.name, path.display()),
+                Box::new(move || server::serve_unix(l, s, e)),
+            )
+        }
+    };
+    let ctl_listener = server::bind_unix(&ctl).map_err(|e| anyhow!("{e}"))?;
+    let s = store.clone();
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || server::serve_control(ctl_listener, s))
+        .context("cannot start the control thread")?;
+    eprintln!(
+        "compfs blk: serving {} ({}, {algo}) at {nbd_desc}; control socket {}",
+        human(size),
+        size,
+        ctl.display()
+    );
+    serve_nbd();
+    Ok(ExitCode::SUCCESS)
+}
