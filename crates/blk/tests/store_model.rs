@@ -320,8 +320,8 @@ fn writeback_moves_pages_to_file_and_reads_them_back() {
 
 #[test]
 fn compact_reclaims_fragmentation_and_memory_tracks_compr_size() {
-    let s = store(2048, "lz4", &[], 0);
-    for p in 0..2048u64 {
+    let s = store(8192, "lz4", &[], 0);
+    for p in 0..8192u64 {
         s.write(p * PAGE as u64, &text_page(p)).unwrap();
     }
     let st = s.stats();
@@ -331,7 +331,7 @@ fn compact_reclaims_fragmentation_and_memory_tracks_compr_size() {
         st.mem_used_total,
         st.compr_data_size
     );
-    for p in (0..2048u64).filter(|p| p % 3 != 0) {
+    for p in (0..8192u64).filter(|p| p % 3 != 0) {
         s.trim(p * PAGE as u64, PAGE as u64).unwrap();
     }
     let frag = s.stats();
@@ -340,7 +340,7 @@ fn compact_reclaims_fragmentation_and_memory_tracks_compr_size() {
     assert!(freed > 0);
     assert_eq!(st.pages_compacted, freed);
     assert!(st.mem_used_total < frag.mem_used_total);
-    // 683 pages spread over ~20 classes each keep one partly filled zspage (up to 16 KiB), so
+    // 2731 pages spread over ~20 classes each keep one partly filled zspage (up to 16 KiB), so
     // the bound is looser than on a full device.
     assert!(
         st.mem_used_total as f64 <= 1.15 * st.compr_data_size as f64,
@@ -349,7 +349,7 @@ fn compact_reclaims_fragmentation_and_memory_tracks_compr_size() {
         st.compr_data_size
     );
     let mut b = vec![0u8; PAGE];
-    for p in (0..2048u64).step_by(3) {
+    for p in (0..8192u64).step_by(3) {
         s.read(p * PAGE as u64, &mut b).unwrap();
         assert_eq!(b, text_page(p));
     }
