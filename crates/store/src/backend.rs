@@ -17,7 +17,7 @@ pub trait SegFile: Send + Sync {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// `fdatasync`.
     fn sync_data(&self) -> io::Result<()>;
-    fn len(&self) -> io::Result<u64>;
+    fn size(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
 }
 
@@ -48,7 +48,7 @@ impl SegFile for StdFile {
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
@@ -148,7 +148,10 @@ impl FaultBackend {
 
     /// Segment writes and syncs done so far.
     pub fn counts(&self) -> (u64, u64) {
-        (self.writes.load(Ordering::Relaxed), self.syncs.load(Ordering::Relaxed))
+        (
+            self.writes.load(Ordering::Relaxed),
+            self.syncs.load(Ordering::Relaxed),
+        )
     }
 
     fn check(&self, op: FaultOp) -> Option<FaultKind> {
@@ -200,8 +203,8 @@ impl SegFile for FaultFile {
             Some(k) => Err(fault_error(k)),
         }
     }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
+    fn size(&self) -> io::Result<u64> {
+        self.inner.size()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)

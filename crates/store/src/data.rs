@@ -138,7 +138,11 @@ impl Inner {
 
     /// The codec policy for `ino`: its `compfs.compression` property, else the default.
     pub(crate) fn file_policy(&self, ino: Ino) -> Result<ExtentPolicy> {
-        let (spec, mode) = self.policy.read().map(|p| *p).unwrap_or((self.sb.codec, self.sb.mode));
+        let (spec, mode) = self
+            .policy
+            .read()
+            .map(|p| *p)
+            .unwrap_or((self.sb.codec, self.sb.mode));
         let txn = self.db.begin_read()?;
         let t = txn.open_table(meta::XATTRS)?;
         let spec = match t.get((ino, COMPRESSION_XATTR))? {
@@ -283,8 +287,14 @@ impl Inner {
     }
 
     /// Reads, checks and decodes an extent; the error is a description of the damage.
-    pub(crate) fn load_extent(&self, id: u64, xr: &ExtentRec) -> std::result::Result<Vec<u8>, String> {
-        let f = self.seg_file(xr.segment).map_err(|e| format!("segment unreadable: {e}"))?;
+    pub(crate) fn load_extent(
+        &self,
+        id: u64,
+        xr: &ExtentRec,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let f = self
+            .seg_file(xr.segment)
+            .map_err(|e| format!("segment unreadable: {e}"))?;
         let mut raw = vec![0u8; EXT_HEADER_LEN + xr.stored_len as usize];
         f.read_exact_at(&mut raw, xr.seg_offset)
             .map_err(|e| format!("read failed: {e}"))?;
@@ -347,7 +357,9 @@ impl Inner {
                 let len = (d.size - b * e).min(e) as usize;
                 let src = data[..len].to_vec();
                 let inline = inline_ok && b == 0;
-                move |enc: &mut compfs_codec::ExtentEncoder| encode_block(enc, &policy, b, src, inline)
+                move |enc: &mut compfs_codec::ExtentEncoder| {
+                    encode_block(enc, &policy, b, src, inline)
+                }
             })
             .collect();
         let encoded = if jobs.len() == 1 {
@@ -478,7 +490,8 @@ impl Inner {
                         stored,
                         ..
                     } => {
-                        let (Some((seg_id, _)), Some(&(id, seg_off))) = (seg, by_block.get(&en.block))
+                        let (Some((seg_id, _)), Some(&(id, seg_off))) =
+                            (seg, by_block.get(&en.block))
                         else {
                             return Err(meta::corrupt("flushed extent without a segment"));
                         };
@@ -508,7 +521,11 @@ impl Inner {
                 }
             }
             disk += w.map_remove_range(ino, d.size, u64::MAX)?;
-            if rec.inline.as_ref().is_some_and(|i| i.raw_len as u64 > d.size) {
+            if rec
+                .inline
+                .as_ref()
+                .is_some_and(|i| i.raw_len as u64 > d.size)
+            {
                 rec.inline = None;
             }
             w.inline_changed(old_inline.as_ref(), rec.inline.as_ref())?;
@@ -518,7 +535,8 @@ impl Inner {
             rec.disk_bytes = rec.disk_bytes.saturating_add_signed(disk);
             w.put_inode(ino, &rec)?;
             let next = self.next_extent.load(Ordering::SeqCst);
-            w.meta.insert(meta::NEXT_EXTENT, next.to_le_bytes().as_slice())?;
+            w.meta
+                .insert(meta::NEXT_EXTENT, next.to_le_bytes().as_slice())?;
             freed = std::mem::take(&mut w.freed);
         }
         self.commit(txn, durable)?;
@@ -527,8 +545,10 @@ impl Inner {
 
     /// Flushes every file with buffered changes (non-durably).
     pub(crate) fn flush_all(&self, background: bool) -> Result<()> {
-        let files: Vec<(Ino, Arc<Mutex<FileState>>)> =
-            lock(&self.files).iter().map(|(k, v)| (*k, v.clone())).collect();
+        let files: Vec<(Ino, Arc<Mutex<FileState>>)> = lock(&self.files)
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         let mut first_err = None;
         for (ino, a) in files {
             {
@@ -592,7 +612,11 @@ pub(crate) fn inode_in(txn: &ReadTransaction, ino: Ino) -> Result<InodeRec> {
 
 /// Checks an extent read from its segment (header + stored bytes) against its record and
 /// decodes it.
-pub(crate) fn verify_extent(id: u64, xr: &ExtentRec, raw: &[u8]) -> std::result::Result<Vec<u8>, String> {
+pub(crate) fn verify_extent(
+    id: u64,
+    xr: &ExtentRec,
+    raw: &[u8],
+) -> std::result::Result<Vec<u8>, String> {
     let h = ExtentHeader::decode(&raw[..EXT_HEADER_LEN.min(raw.len())])?;
     if h.id != id || h.raw_len != xr.raw_len || h.stored_len != xr.stored_len || h.codec != xr.codec
     {
@@ -698,7 +722,10 @@ impl Store {
             let g = lock(&a);
             if let Some(d) = &g.dirty {
                 let n = read_dirty(inner, ino, d, offset, buf)?;
-                inner.counters.user_read.fetch_add(n as u64, Ordering::Relaxed);
+                inner
+                    .counters
+                    .user_read
+                    .fetch_add(n as u64, Ordering::Relaxed);
                 return Ok(n);
             }
         }
@@ -713,7 +740,10 @@ impl Store {
         }
         let n = ((rec.size - offset).min(buf.len() as u64)) as usize;
         inner.read_persisted(&txn, ino, offset, &mut buf[..n])?;
-        inner.counters.user_read.fetch_add(n as u64, Ordering::Relaxed);
+        inner
+            .counters
+            .user_read
+            .fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 
@@ -1036,10 +1066,7 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
             out.fill(0);
         } else {
             if persisted.is_none() {
-                let g = inner
-                    .seg_barrier
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner());
+                let g = inner.seg_barrier.read().unwrap_or_else(|p| p.into_inner());
                 let txn = inner.db.begin_read()?;
                 persisted = Some((g, txn));
             }

@@ -329,7 +329,8 @@ fn ts_at(b: &[u8], o: usize) -> Timestamp {
 
 impl InodeRec {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(INODE_FIXED + self.inline.as_ref().map_or(0, |i| i.bytes.len()));
+        let mut b =
+            Vec::with_capacity(INODE_FIXED + self.inline.as_ref().map_or(0, |i| i.bytes.len()));
         b.push(1); // record version
         b.push(self.kind.code());
         b.extend_from_slice(&self.perm.to_le_bytes());
@@ -595,7 +596,10 @@ mod tests {
         assert_eq!(Superblock::decode(&b).unwrap(), sb);
         assert_eq!(Superblock::decode(&b[..30]), Err(SbError::Truncated(30)));
         assert_eq!(Superblock::decode(&[]), Err(SbError::Truncated(0)));
-        assert_eq!(Superblock::decode(b"hello world, this is text"), Err(SbError::BadMagic));
+        assert_eq!(
+            Superblock::decode(b"hello world, this is text"),
+            Err(SbError::BadMagic)
+        );
         for i in 0..SB_LEN {
             let mut c = b;
             c[i] ^= 0x10;
@@ -603,7 +607,10 @@ mod tests {
         }
         let mut fut = sb;
         fut.version = 2;
-        assert_eq!(Superblock::decode(&fut.encode()), Err(SbError::FutureVersion(2)));
+        assert_eq!(
+            Superblock::decode(&fut.encode()),
+            Err(SbError::FutureVersion(2))
+        );
     }
 
     #[test]
@@ -633,10 +640,18 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_reject_garbage() {
-        let t = Timestamp { secs: -3, nsecs: 999_999_999 };
+        let t = Timestamp {
+            secs: -3,
+            nsecs: 999_999_999,
+        };
         for inline in [
             None,
-            Some(Inline { codec: 0, level: 0, raw_len: 3, bytes: b"abc".to_vec() }),
+            Some(Inline {
+                codec: 0,
+                level: 0,
+                raw_len: 3,
+                bytes: b"abc".to_vec(),
+            }),
         ] {
             let r = InodeRec {
                 kind: FileKind::Symlink,
@@ -659,16 +674,38 @@ mod tests {
         }
         assert!(InodeRec::decode(&[1, 2, 3]).is_err());
         assert!(InodeRec::decode(&[0u8; 200]).is_err());
-        let e = ExtentRec { segment: 1, seg_offset: 64, stored_len: 5, raw_len: 9, codec: 3, level: 3, crc: 4, refs: 2, ino: 8 };
+        let e = ExtentRec {
+            segment: 1,
+            seg_offset: 64,
+            stored_len: 5,
+            raw_len: 9,
+            codec: 3,
+            level: 3,
+            crc: 4,
+            refs: 2,
+            ino: 8,
+        };
         assert_eq!(ExtentRec::decode(&e.encode()).unwrap(), e);
         assert!(ExtentRec::decode(&[0; 43]).is_err());
-        let m = MapRec { extent: 3, ext_offset: 4, len: 5 };
+        let m = MapRec {
+            extent: 3,
+            ext_offset: 4,
+            len: 5,
+        };
         assert_eq!(MapRec::decode(&m.encode()).unwrap(), m);
         assert!(MapRec::decode(&[0; 3]).is_err());
-        let d = DirentRec { ino: 3, kind: FileKind::Dir, seq: 4 };
+        let d = DirentRec {
+            ino: 3,
+            kind: FileKind::Dir,
+            seq: 4,
+        };
         assert_eq!(DirentRec::decode(&d.encode()).unwrap(), d);
         assert!(DirentRec::decode(&[0; 17]).is_err());
-        let s = SegmentHeader { version: 1, uuid: [1; 16], id: 42 };
+        let s = SegmentHeader {
+            version: 1,
+            uuid: [1; 16],
+            id: 42,
+        };
         assert_eq!(SegmentHeader::decode(&s.encode()).unwrap(), s);
         let mut sb = s.encode();
         sb[33] ^= 1;

@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
-use crate::format::{segment_file_name, parse_segment_file_name, ExtentRec, SegmentRec, EXT_HEADER_LEN};
+use crate::format::{
+    parse_segment_file_name, segment_file_name, ExtentRec, SegmentRec, EXT_HEADER_LEN,
+};
 use crate::meta::{self, dec, W};
 use crate::store::{lock, Inner, Store};
 use crate::types::GcReport;
@@ -39,7 +41,9 @@ impl Inner {
 
     /// Whether garbage passed the automatic-GC threshold.
     pub(crate) fn gc_due(&self) -> bool {
-        let Ok(segs) = self.segment_table() else { return false };
+        let Ok(segs) = self.segment_table() else {
+            return false;
+        };
         let active = lock(&self.seg).id;
         let (mut total, mut live) = (0u64, 0u64);
         for (id, s) in segs {
@@ -147,7 +151,9 @@ impl Inner {
                 }
                 if crate::data::verify_extent(id, &xr, &raw).is_err() {
                     // A damaged extent stays where it is (fsck reports it); the segment stays.
-                    tracing::warn!("compfs gc: extent {id} in segment {victim} is damaged; not moved");
+                    tracing::warn!(
+                        "compfs gc: extent {id} in segment {victim} is damaged; not moved"
+                    );
                     continue;
                 }
                 batch.push((id, xr, buf.len() as u64));
@@ -163,7 +169,9 @@ impl Inner {
                 {
                     let mut w = W::open(&txn)?;
                     for (id, old, rel) in &batch {
-                        let Some(v) = w.extents.get(*id)? else { continue };
+                        let Some(v) = w.extents.get(*id)? else {
+                            continue;
+                        };
                         let mut cur = dec(ExtentRec::decode(v.value()))?;
                         drop(v);
                         if cur.segment != victim || cur.seg_offset != old.seg_offset {
@@ -197,8 +205,8 @@ impl Inner {
         let empty = {
             let txn = self.db.begin_read()?;
             let idx = txn.open_table(meta::SEG_EXTENTS)?;
-            let none_left = idx.range((victim, 0)..=(victim, u64::MAX))?.next().is_none();
-            none_left
+            let mut left = idx.range((victim, 0)..=(victim, u64::MAX))?;
+            left.next().is_none()
         };
         if !empty {
             return Ok((moved, bytes, false));
@@ -206,7 +214,11 @@ impl Inner {
         let txn = self.begin(true)?;
         {
             let mut w = W::open(&txn)?;
-            if w.seg_extents.range((victim, 0)..=(victim, u64::MAX))?.next().is_some() {
+            if w.seg_extents
+                .range((victim, 0)..=(victim, u64::MAX))?
+                .next()
+                .is_some()
+            {
                 return Ok((moved, bytes, false));
             }
             w.segments.remove(victim)?;

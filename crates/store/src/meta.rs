@@ -35,7 +35,9 @@ pub(crate) fn dec<T>(r: std::result::Result<T, String>) -> Result<T> {
 }
 
 pub(crate) fn u64_value(b: &[u8]) -> Result<u64> {
-    let a: [u8; 8] = b.try_into().map_err(|_| corrupt("counter is not 8 bytes"))?;
+    let a: [u8; 8] = b
+        .try_into()
+        .map_err(|_| corrupt("counter is not 8 bytes"))?;
     Ok(u64::from_le_bytes(a))
 }
 
@@ -144,7 +146,11 @@ impl<'t> W<'t> {
     }
 
     pub(crate) fn dir_is_empty(&self, dir: Ino) -> Result<bool> {
-        Ok(self.dirindex.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
+        Ok(self
+            .dirindex
+            .range((dir, 0)..=(dir, u64::MAX))?
+            .next()
+            .is_none())
     }
 
     fn stat_adjust(&mut self, key: u8, d: [i64; 4]) -> Result<()> {
@@ -162,14 +168,26 @@ impl<'t> W<'t> {
     }
 
     /// Keeps the inline row of the statistics in step when a regular file's inline data changes.
-    pub(crate) fn inline_changed(&mut self, old: Option<&Inline>, new: Option<&Inline>) -> Result<()> {
+    pub(crate) fn inline_changed(
+        &mut self,
+        old: Option<&Inline>,
+        new: Option<&Inline>,
+    ) -> Result<()> {
         let f = |i: Option<&Inline>| match i {
-            Some(i) => [1i64, i.bytes.len() as i64, i.raw_len as i64, i.raw_len as i64],
+            Some(i) => [
+                1i64,
+                i.bytes.len() as i64,
+                i.raw_len as i64,
+                i.raw_len as i64,
+            ],
             None => [0; 4],
         };
         let (a, b) = (f(old), f(new));
         if a != b {
-            self.stat_adjust(STAT_INLINE, [b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3]])?;
+            self.stat_adjust(
+                STAT_INLINE,
+                [b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3]],
+            )?;
         }
         Ok(())
     }
@@ -201,10 +219,7 @@ impl<'t> W<'t> {
         s.live += rec.footprint();
         s.len = s.len.max(rec.seg_offset + rec.footprint());
         self.put_segment(rec.segment, &s)?;
-        self.stat_adjust(
-            rec.codec,
-            [1, rec.stored_len as i64, rec.raw_len as i64, 0],
-        )?;
+        self.stat_adjust(rec.codec, [1, rec.stored_len as i64, rec.raw_len as i64, 0])?;
         Ok(())
     }
 
@@ -236,7 +251,13 @@ impl<'t> W<'t> {
     }
 
     /// Adds a map entry (the range must be free). Returns the disk-bytes change of the inode.
-    pub(crate) fn map_insert(&mut self, ino: Ino, off: u64, m: MapRec, new_extent: bool) -> Result<i64> {
+    pub(crate) fn map_insert(
+        &mut self,
+        ino: Ino,
+        off: u64,
+        m: MapRec,
+        new_extent: bool,
+    ) -> Result<i64> {
         self.extmap.insert((ino, off), m.encode().as_slice())?;
         let d = self.extent_adjust(m.extent, 1, m.len as i64)?;
         if new_extent {
@@ -247,7 +268,12 @@ impl<'t> W<'t> {
     }
 
     /// The map entries overlapping `[start, end)`.
-    pub(crate) fn map_overlapping(&self, ino: Ino, start: u64, end: u64) -> Result<Vec<(u64, MapRec)>> {
+    pub(crate) fn map_overlapping(
+        &self,
+        ino: Ino,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, MapRec)>> {
         let mut out = Vec::new();
         if start >= end {
             return Ok(out);
@@ -278,7 +304,10 @@ impl<'t> W<'t> {
             let mut refs = -1i64;
             let mut kept = 0i64;
             if off < start {
-                let left = MapRec { len: (start - off) as u32, ..m };
+                let left = MapRec {
+                    len: (start - off) as u32,
+                    ..m
+                };
                 self.extmap.insert((ino, off), left.encode().as_slice())?;
                 refs += 1;
                 kept += left.len as i64;

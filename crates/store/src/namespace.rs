@@ -280,7 +280,9 @@ impl Store {
         rdev: u32,
     ) -> Result<Attr> {
         if matches!(kind, FileKind::Dir | FileKind::Symlink) {
-            return Err(Error::InvalidArgument("mknod cannot create directories or symlinks".into()));
+            return Err(Error::InvalidArgument(
+                "mknod cannot create directories or symlinks".into(),
+            ));
         }
         self.inner
             .create_node(parent, name, kind, perm, uid, gid, rdev, None)
@@ -291,9 +293,18 @@ impl Store {
             .create_node(parent, name, FileKind::Dir, perm, uid, gid, 0, None)
     }
 
-    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         if target.is_empty() || target.len() > 4095 {
-            return Err(Error::InvalidArgument("symlink target must be 1..4095 bytes".into()));
+            return Err(Error::InvalidArgument(
+                "symlink target must be 1..4095 bytes".into(),
+            ));
         }
         self.inner.create_node(
             parent,
@@ -427,7 +438,9 @@ impl Store {
             return Err(Error::InvalidArgument("cannot rename '.' or '..'".into()));
         }
         if flags.noreplace && flags.exchange {
-            return Err(Error::InvalidArgument("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+            return Err(Error::InvalidArgument(
+                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+            ));
         }
         let txn = inner.begin(false)?;
         {
@@ -460,7 +473,9 @@ impl Store {
                 if (src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)?)
                     || (dst.kind == FileKind::Dir && ancestor_of(&w, dst.ino, parent)?)
                 {
-                    return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                    return Err(Error::InvalidArgument(
+                        "cannot move a directory below itself".into(),
+                    ));
                 }
                 w.retarget_dirent(parent, name, dst.ino, dst.kind)?;
                 w.retarget_dirent(new_parent, new_name, src.ino, src.kind)?;
@@ -509,7 +524,9 @@ impl Store {
                         return Err(Error::IsDir);
                     }
                     if src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)? {
-                        return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                        return Err(Error::InvalidArgument(
+                            "cannot move a directory below itself".into(),
+                        ));
                     }
                     w.remove_dirent(new_parent, new_name)?;
                     if dr.kind == FileKind::Dir {
@@ -519,7 +536,9 @@ impl Store {
                     }
                     inner.drop_link(&mut w, dst.ino, &mut dr, now)?;
                 } else if src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)? {
-                    return Err(Error::InvalidArgument("cannot move a directory below itself".into()));
+                    return Err(Error::InvalidArgument(
+                        "cannot move a directory below itself".into(),
+                    ));
                 }
                 w.remove_dirent(parent, name)?;
                 let mut np = w.inode(new_parent)?;
@@ -558,10 +577,20 @@ impl Store {
         }
         let mut out = Vec::new();
         if offset == 0 && out.len() < max {
-            out.push(DirEntry { ino: dir, kind: FileKind::Dir, name: b".".to_vec(), offset: 1 });
+            out.push(DirEntry {
+                ino: dir,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+                offset: 1,
+            });
         }
         if offset <= 1 && out.len() < max {
-            out.push(DirEntry { ino: d.parent, kind: FileKind::Dir, name: b"..".to_vec(), offset: 2 });
+            out.push(DirEntry {
+                ino: d.parent,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+                offset: 2,
+            });
         }
         let idx = txn.open_table(meta::DIRINDEX)?;
         let ents = txn.open_table(meta::DIRENTS)?;
@@ -575,9 +604,18 @@ impl Store {
             let name = name.value().to_vec();
             let de = match ents.get((dir, name.as_slice()))? {
                 Some(v) => dec(DirentRec::decode(v.value()))?,
-                None => return Err(meta::corrupt(format!("directory index of {dir} names a missing entry"))),
+                None => {
+                    return Err(meta::corrupt(format!(
+                        "directory index of {dir} names a missing entry"
+                    )))
+                }
             };
-            out.push(DirEntry { ino: de.ino, kind: de.kind, name, offset: seq + 3 });
+            out.push(DirEntry {
+                ino: de.ino,
+                kind: de.kind,
+                name,
+                offset: seq + 3,
+            });
         }
         Ok(out)
     }
@@ -607,7 +645,10 @@ impl Store {
             };
             if orphan {
                 if let Some(d) = st.dirty.take() {
-                    inner.dirty_bytes.fetch_sub(d.blocks.len() * inner.sb.extent_size as usize, Ordering::Relaxed);
+                    inner.dirty_bytes.fetch_sub(
+                        d.blocks.len() * inner.sb.extent_size as usize,
+                        Ordering::Relaxed,
+                    );
                 }
                 if inner.check_writable().is_ok() {
                     let txn = inner.begin(false)?;
@@ -646,10 +687,14 @@ impl Store {
         let inner = &self.inner;
         inner.check_writable()?;
         if name.is_empty() || name.len() > 255 {
-            return Err(Error::InvalidArgument("xattr name must be 1..255 bytes".into()));
+            return Err(Error::InvalidArgument(
+                "xattr name must be 1..255 bytes".into(),
+            ));
         }
         if value.len() > 65536 {
-            return Err(Error::InvalidArgument("xattr value longer than 64 KiB".into()));
+            return Err(Error::InvalidArgument(
+                "xattr value longer than 64 KiB".into(),
+            ));
         }
         let mut value = value.to_vec();
         let mut clear = false;
@@ -729,7 +774,12 @@ impl Store {
     /// Sets (or clears) the `compfs.compression` property of `ino`.
     pub fn set_compression(&self, ino: Ino, spec: Option<CodecSpec>) -> Result<()> {
         match spec {
-            Some(s) => self.setxattr(ino, COMPRESSION_XATTR, s.to_string().as_bytes(), XattrSet::Any),
+            Some(s) => self.setxattr(
+                ino,
+                COMPRESSION_XATTR,
+                s.to_string().as_bytes(),
+                XattrSet::Any,
+            ),
             None => match self.removexattr(ino, COMPRESSION_XATTR) {
                 Ok(()) | Err(Error::NoXattr) => Ok(()),
                 Err(e) => Err(e),

@@ -148,7 +148,14 @@ fn random_uuid() -> Result<[u8; 16]> {
 /// Formats a UUID the usual way.
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 fn sync_dir(p: &Path) -> Result<()> {
@@ -215,7 +222,9 @@ pub(crate) fn open_db(dir: &Path) -> Result<Database> {
         if n < 4 || &head[0..4] != b"redb" {
             return Err(Error::NotAStore {
                 path: dir.to_path_buf(),
-                reason: format!("{META_FILE} is not a compfs metadata database (another program's file?)"),
+                reason: format!(
+                    "{META_FILE} is not a compfs metadata database (another program's file?)"
+                ),
             });
         }
     }
@@ -235,8 +244,12 @@ pub(crate) fn check_identity(dir: &Path, db: &Database, sb: &Superblock) -> Resu
         reason: reason.to_string(),
     };
     let txn = db.begin_read()?;
-    let t = txn.open_table(meta::META).map_err(|_| bad("metadata has no compfs tables"))?;
-    let uuid = t.get("uuid")?.ok_or_else(|| bad("metadata has no store UUID"))?;
+    let t = txn
+        .open_table(meta::META)
+        .map_err(|_| bad("metadata has no compfs tables"))?;
+    let uuid = t
+        .get("uuid")?
+        .ok_or_else(|| bad("metadata has no store UUID"))?;
     if uuid.value() != sb.uuid {
         return Err(bad("metadata belongs to another store (UUID mismatch)"));
     }
@@ -306,9 +319,12 @@ impl Store {
             {
                 let mut w = W::open(&txn)?;
                 w.meta.insert("uuid", sb.uuid.as_slice())?;
-                w.meta.insert("format", FORMAT_VERSION.to_le_bytes().as_slice())?;
-                w.meta.insert(meta::NEXT_INO, 2u64.to_le_bytes().as_slice())?;
-                w.meta.insert(meta::NEXT_EXTENT, 1u64.to_le_bytes().as_slice())?;
+                w.meta
+                    .insert("format", FORMAT_VERSION.to_le_bytes().as_slice())?;
+                w.meta
+                    .insert(meta::NEXT_INO, 2u64.to_le_bytes().as_slice())?;
+                w.meta
+                    .insert(meta::NEXT_EXTENT, 1u64.to_le_bytes().as_slice())?;
                 let root = InodeRec {
                     kind: FileKind::Dir,
                     perm: 0o755,
@@ -435,7 +451,11 @@ impl Store {
 
     /// The default codec and mode in force.
     pub fn policy(&self) -> (CodecSpec, Mode) {
-        self.inner.policy.read().map(|p| *p).unwrap_or((self.inner.sb.codec, self.inner.sb.mode))
+        self.inner
+            .policy
+            .read()
+            .map(|p| *p)
+            .unwrap_or((self.inner.sb.codec, self.inner.sb.mode))
     }
 
     /// The store's extent size.
@@ -519,7 +539,10 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown() {
-            tracing::error!("compfs store {}: final flush failed: {e}", self.inner.dir.display());
+            tracing::error!(
+                "compfs store {}: final flush failed: {e}",
+                self.inner.dir.display()
+            );
         }
     }
 }
@@ -581,8 +604,12 @@ impl Inner {
     /// Starts a write transaction with non-durable commit semantics.
     pub(crate) fn begin(&self, durable: bool) -> Result<redb::WriteTransaction> {
         let mut txn = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
-        txn.set_durability(if durable { Durability::Immediate } else { Durability::None })
-            .map_err(|e| self.fail(e.into()))?;
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(|e| self.fail(e.into()))?;
         Ok(txn)
     }
 
@@ -606,7 +633,9 @@ impl Inner {
         let orphans: Vec<u64> = {
             let txn = self.db.begin_read()?;
             let t = txn.open_table(meta::ORPHANS)?;
-            t.iter()?.map(|r| r.map(|(k, _)| k.value())).collect::<std::result::Result<_, _>>()?
+            t.iter()?
+                .map(|r| r.map(|(k, _)| k.value()))
+                .collect::<std::result::Result<_, _>>()?
         };
         if orphans.is_empty() {
             return Ok(());
@@ -671,7 +700,10 @@ impl Inner {
             };
             f.write_all_at(&h.encode(), 0).map_err(Error::from_io)?;
             f.sync_data().map_err(Error::from_io)?;
-            self.tuning.backend.sync_dir(&self.seg_dir).map_err(Error::from_io)?;
+            self.tuning
+                .backend
+                .sync_dir(&self.seg_dir)
+                .map_err(Error::from_io)?;
             w.id = id;
             w.file = Some(f);
             w.end = SEG_HEADER_LEN;
@@ -733,7 +765,9 @@ impl Inner {
             if let Ok(t) = txn.open_table(meta::STATS) {
                 if let Ok(it) = t.iter() {
                     for (k, v) in it.flatten() {
-                        let Ok(r) = crate::format::StatRec::decode(v.value()) else { continue };
+                        let Ok(r) = crate::format::StatRec::decode(v.value()) else {
+                            continue;
+                        };
                         let name = if k.value() == crate::format::STAT_INLINE {
                             "inline".to_string()
                         } else {

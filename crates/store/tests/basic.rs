@@ -1,4 +1,10 @@
 //! Basic semantics of the store API.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::type_complexity,
+    clippy::map_entry
+)]
 
 use compfs_store::*;
 
@@ -14,11 +20,20 @@ fn new_store(ext: u32) -> (tempfile::TempDir, Store) {
 }
 
 fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let words: [&[u8]; 6] = [b"alpha ", b"beta ", b"gamma ", b"delta ", b"\n", b"0123456789 "];
+    let words: [&[u8]; 6] = [
+        b"alpha ",
+        b"beta ",
+        b"gamma ",
+        b"delta ",
+        b"\n",
+        b"0123456789 ",
+    ];
     let mut s = seed;
     let mut v = Vec::with_capacity(n);
     while v.len() < n {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         v.extend_from_slice(words[(s >> 60) as usize % 6]);
     }
     v.truncate(n);
@@ -37,7 +52,9 @@ fn read_all(s: &Store, ino: Ino) -> Vec<u8> {
 fn create_write_read_reopen() {
     let (dir, s) = new_store(16384);
     let p = dir.path().join("s");
-    let f = s.mknod(ROOT_INO, b"a.txt", FileKind::File, 0o644, 1, 2, 0).unwrap();
+    let f = s
+        .mknod(ROOT_INO, b"a.txt", FileKind::File, 0o644, 1, 2, 0)
+        .unwrap();
     assert_eq!(f.nlink, 1);
     let data = pattern(100_000, 1);
     assert_eq!(s.write(f.ino, 0, &data).unwrap(), data.len());
@@ -61,14 +78,29 @@ fn create_write_read_reopen() {
     let l = s.lookup(d.ino, b"ln").unwrap();
     assert_eq!(s.readlink(l.ino).unwrap(), b"../a.txt");
     assert_eq!(s.lookup(d.ino, b"..").unwrap().ino, ROOT_INO);
-    let names: Vec<Vec<u8>> = s.readdir(ROOT_INO, 0, 100).unwrap().into_iter().map(|e| e.name).collect();
-    assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"a.txt".to_vec(), b"dir".to_vec()]);
+    let names: Vec<Vec<u8>> = s
+        .readdir(ROOT_INO, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            b".".to_vec(),
+            b"..".to_vec(),
+            b"a.txt".to_vec(),
+            b"dir".to_vec()
+        ]
+    );
 }
 
 #[test]
 fn small_files_inline_and_holes() {
     let (_d, s) = new_store(4096);
-    let f = s.mknod(ROOT_INO, b"small", FileKind::File, 0o644, 0, 0, 0).unwrap();
+    let f = s
+        .mknod(ROOT_INO, b"small", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
     s.write(f.ino, 0, b"tiny file").unwrap();
     s.sync().unwrap();
     let u = s.usage(&[f.ino]).unwrap();
@@ -85,8 +117,22 @@ fn small_files_inline_and_holes() {
     assert_eq!(s.seek_hole(f.ino, 0).unwrap(), 9);
     assert!(matches!(s.seek_data(f.ino, 20004), Err(Error::NoData)));
     // truncate down and up
-    s.setattr(f.ino, &SetAttr { size: Some(4), ..Default::default() }).unwrap();
-    s.setattr(f.ino, &SetAttr { size: Some(10), ..Default::default() }).unwrap();
+    s.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(4),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(read_all(&s, f.ino), b"tiny\0\0\0\0\0\0");
 }
 
@@ -94,16 +140,28 @@ fn small_files_inline_and_holes() {
 fn namespace_errors_and_rename() {
     let (_d, s) = new_store(131072);
     let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap();
-    let f = s.mknod(d.ino, b"f", FileKind::File, 0o600, 0, 0, 0).unwrap();
-    assert!(matches!(s.mknod(d.ino, b"f", FileKind::File, 0o600, 0, 0, 0), Err(Error::Exists)));
+    let f = s
+        .mknod(d.ino, b"f", FileKind::File, 0o600, 0, 0, 0)
+        .unwrap();
+    assert!(matches!(
+        s.mknod(d.ino, b"f", FileKind::File, 0o600, 0, 0, 0),
+        Err(Error::Exists)
+    ));
     assert!(matches!(s.rmdir(ROOT_INO, b"d"), Err(Error::NotEmpty)));
     assert!(matches!(s.unlink(ROOT_INO, b"d"), Err(Error::IsDir)));
-    assert!(matches!(s.lookup(ROOT_INO, &[b'x'; 256]), Err(Error::NameTooLong)));
+    assert!(matches!(
+        s.lookup(ROOT_INO, &[b'x'; 256]),
+        Err(Error::NameTooLong)
+    ));
     assert!(matches!(s.lookup(f.ino, b"x"), Err(Error::NotDir)));
-    assert!(matches!(s.link(d.ino, ROOT_INO, b"dl"), Err(Error::NotPermitted(_))));
+    assert!(matches!(
+        s.link(d.ino, ROOT_INO, b"dl"),
+        Err(Error::NotPermitted(_))
+    ));
     s.link(f.ino, ROOT_INO, b"g").unwrap();
     assert_eq!(s.getattr(f.ino).unwrap().nlink, 2);
-    s.rename(ROOT_INO, b"g", d.ino, b"f", RenameFlags::default()).unwrap(); // same inode: no-op
+    s.rename(ROOT_INO, b"g", d.ino, b"f", RenameFlags::default())
+        .unwrap(); // same inode: no-op
     assert_eq!(s.getattr(f.ino).unwrap().nlink, 2);
     assert!(matches!(
         s.rename(ROOT_INO, b"d", d.ino, b"sub", RenameFlags::default()),
@@ -111,13 +169,33 @@ fn namespace_errors_and_rename() {
     ));
     let e = s.mkdir(ROOT_INO, b"e", 0o755, 0, 0).unwrap();
     assert_eq!(s.getattr(ROOT_INO).unwrap().nlink, 4);
-    s.rename(ROOT_INO, b"e", d.ino, b"e2", RenameFlags::default()).unwrap();
+    s.rename(ROOT_INO, b"e", d.ino, b"e2", RenameFlags::default())
+        .unwrap();
     assert_eq!(s.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(s.getattr(d.ino).unwrap().nlink, 3);
     assert_eq!(s.lookup(e.ino, b"..").unwrap().ino, d.ino);
-    s.rename(d.ino, b"f", ROOT_INO, b"g", RenameFlags { exchange: true, noreplace: false }).unwrap();
+    s.rename(
+        d.ino,
+        b"f",
+        ROOT_INO,
+        b"g",
+        RenameFlags {
+            exchange: true,
+            noreplace: false,
+        },
+    )
+    .unwrap();
     assert!(matches!(
-        s.rename(ROOT_INO, b"g", d.ino, b"e2", RenameFlags { noreplace: true, exchange: false }),
+        s.rename(
+            ROOT_INO,
+            b"g",
+            d.ino,
+            b"e2",
+            RenameFlags {
+                noreplace: true,
+                exchange: false
+            }
+        ),
         Err(Error::Exists)
     ));
     // unlink while open keeps the data
@@ -132,7 +210,16 @@ fn namespace_errors_and_rename() {
     assert!(matches!(s.getattr(f.ino), Err(Error::NotFound)));
     // readdir cookies
     for i in 0..20 {
-        s.mknod(ROOT_INO, format!("n{i}").as_bytes(), FileKind::File, 0o600, 0, 0, 0).unwrap();
+        s.mknod(
+            ROOT_INO,
+            format!("n{i}").as_bytes(),
+            FileKind::File,
+            0o600,
+            0,
+            0,
+            0,
+        )
+        .unwrap();
     }
     let mut all = Vec::new();
     let mut off = 0;
@@ -151,28 +238,45 @@ fn namespace_errors_and_rename() {
 fn xattrs_and_compression_property() {
     let (_d, s) = new_store(131072);
     let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap();
-    s.setxattr(d.ino, b"compfs.compression", b"lz4", XattrSet::Any).unwrap();
+    s.setxattr(d.ino, b"compfs.compression", b"lz4", XattrSet::Any)
+        .unwrap();
     assert!(matches!(
         s.setxattr(d.ino, b"compfs.compression", b"bogus:1", XattrSet::Any),
         Err(Error::InvalidArgument(_))
     ));
-    let f = s.mknod(d.ino, b"f", FileKind::File, 0o644, 0, 0, 0).unwrap();
+    let f = s
+        .mknod(d.ino, b"f", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
     assert_eq!(s.compression(f.ino).unwrap().unwrap().to_string(), "lz4");
     s.write(f.ino, 0, &pattern(300_000, 3)).unwrap();
     s.sync().unwrap();
     let u = s.usage(&[f.ino]).unwrap();
     assert!(u.per_codec.contains_key("lz4"), "{u:?}");
-    s.setxattr(f.ino, b"user.x", b"1", XattrSet::Create).unwrap();
-    assert!(matches!(s.setxattr(f.ino, b"user.x", b"1", XattrSet::Create), Err(Error::Exists)));
-    assert!(matches!(s.setxattr(f.ino, b"user.y", b"1", XattrSet::Replace), Err(Error::NoXattr)));
+    s.setxattr(f.ino, b"user.x", b"1", XattrSet::Create)
+        .unwrap();
+    assert!(matches!(
+        s.setxattr(f.ino, b"user.x", b"1", XattrSet::Create),
+        Err(Error::Exists)
+    ));
+    assert!(matches!(
+        s.setxattr(f.ino, b"user.y", b"1", XattrSet::Replace),
+        Err(Error::NoXattr)
+    ));
     assert_eq!(s.getxattr(f.ino, b"user.x").unwrap(), b"1");
     assert_eq!(s.listxattr(f.ino).unwrap().len(), 2);
     s.removexattr(f.ino, b"user.x").unwrap();
     assert!(matches!(s.getxattr(f.ino, b"user.x"), Err(Error::NoXattr)));
     s.set_compression(f.ino, None).unwrap();
     assert_eq!(s.compression(f.ino).unwrap(), None);
-    s.recompress(f.ino, Some((CodecSpec::parse("zstd:1").unwrap().spec, Mode::Force))).unwrap();
+    s.recompress(
+        f.ino,
+        Some((CodecSpec::parse("zstd:1").unwrap().spec, Mode::Force)),
+    )
+    .unwrap();
     let u = s.usage(&[f.ino]).unwrap();
-    assert!(u.per_codec.contains_key("zstd") && !u.per_codec.contains_key("lz4"), "{u:?}");
+    assert!(
+        u.per_codec.contains_key("zstd") && !u.per_codec.contains_key("lz4"),
+        "{u:?}"
+    );
     assert_eq!(read_all(&s, f.ino), pattern(300_000, 3));
 }

@@ -1,0 +1,125 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use compfs_store::*;
+
+/// Text-like data that compresses (deterministic from `seed`).
+pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let words: [&[u8]; 7] = [
+        b"alpha ",
+        b"beta ",
+        b"gamma ",
+        b"delta ",
+        b"\n",
+        b"0123456789 ",
+        b"compfs ",
+    ];
+    let mut s = seed.wrapping_add(0x9e3779b97f4a7c15);
+    let mut v = Vec::with_capacity(n + 16);
+    while v.len() < n {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        v.extend_from_slice(words[(s >> 59) as usize % 7]);
+    }
+    v.truncate(n);
+    v
+}
+
+/// Incompressible data.
+pub fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+pub fn read_all(s: &Store, ino: Ino) -> Result<Vec<u8>> {
+    let size = s.getattr(ino)?.size as usize;
+    let mut buf = vec![0u8; size];
+    let mut pos = 0;
+    while pos < size {
+        let n = s.read(ino, pos as u64, &mut buf[pos..])?;
+        assert!(n > 0, "short read at {pos} of {size}");
+        pos += n;
+    }
+    Ok(buf)
+}
+
+/// Every file's bytes under `dir` (to prove that nothing changed).
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                m.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    m
+}
+
+/// A test-friendly tuning: no background flusher, small segments.
+pub fn tuning() -> Tuning {
+    Tuning {
+        segment_size: 256 << 10,
+        flush_interval: None,
+        ..Tuning::default()
+    }
+}
+
+pub fn create(dir: &Path, ext: u32, t: Tuning) -> Store {
+    let opts = CreateOptions {
+        extent_size: ext,
+        ..CreateOptions::default()
+    };
+    Store::create_tuned(dir, &opts, t).unwrap()
+}
+
+pub fn open(dir: &Path, t: Tuning) -> Store {
+    Store::open_tuned(dir, &OpenOptions::default(), t).unwrap()
+}
+
+/// Segment files of a store and the extent headers found walking them: (path, offset, header).
+pub fn walk_segments(store: &Path) -> Vec<(PathBuf, u64, format::ExtentHeader)> {
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(store.join(format::SEGMENT_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for p in files {
+        let data = std::fs::read(&p).unwrap();
+        let mut pos = format::SEG_HEADER_LEN as usize;
+        while pos + format::EXT_HEADER_LEN <= data.len() {
+            let Ok(h) = format::ExtentHeader::decode(&data[pos..pos + format::EXT_HEADER_LEN])
+            else {
+                break;
+            };
+            out.push((p.clone(), pos as u64, h));
+            pos += format::EXT_HEADER_LEN + h.stored_len as usize;
+        }
+    }
+    out
+}
+
+pub fn fsck_report(dir: &Path, repair: bool) -> FsckReport {
+    fsck(dir, repair, &mut |_, _| {}).unwrap()
+}
+
+pub fn assert_clean(dir: &Path) {
+    let r = fsck_report(dir, false);
+    assert!(r.is_clean(), "fsck found problems: {:#?}", r.problems);
+}

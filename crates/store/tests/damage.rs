@@ -1,0 +1,306 @@
+//! Corruption, bad input, and fault injection.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::type_complexity,
+    clippy::map_entry
+)]
+
+mod common;
+use common::*;
+
+use std::sync::Arc;
+
+use compfs_store::backend::{Fault, FaultBackend, FaultKind, FaultOp};
+use compfs_store::*;
+
+fn populated(dir: &std::path::Path) -> Vec<(Ino, Vec<u8>)> {
+    let s = create(dir, 16384, tuning());
+    let mut files = Vec::new();
+    for i in 0..4u64 {
+        let f = s
+            .mknod(
+                ROOT_INO,
+                format!("f{i}").as_bytes(),
+                FileKind::File,
+                0o644,
+                0,
+                0,
+                0,
+            )
+            .unwrap();
+        let data = pattern(50_000 + i as usize * 1000, i);
+        s.write(f.ino, 0, &data).unwrap();
+        files.push((f.ino, data));
+    }
+    s.close().unwrap();
+    files
+}
+
+#[test]
+fn flipped_extent_byte_fails_only_that_extent_and_fsck_finds_it() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let files = populated(&dir);
+    assert_clean(&dir);
+    let victim = files[1].0;
+    let exts = walk_segments(&dir);
+    let (path, off, h) = exts
+        .iter()
+        .find(|(_, _, h)| h.ino == victim && h.file_offset == 16384)
+        .unwrap()
+        .clone();
+    let mut data = std::fs::read(&path).unwrap();
+    let at = off as usize + format::EXT_HEADER_LEN + h.stored_len as usize / 2;
+    data[at] ^= 0x40;
+    std::fs::write(&path, &data).unwrap();
+
+    let s = open(&dir, tuning());
+    for (ino, want) in &files {
+        if *ino == victim {
+            let mut buf = vec![0u8; 100];
+            match s.read(*ino, 16384 + 10, &mut buf) {
+                Err(Error::Corrupt {
+                    ino,
+                    offset,
+                    seg_offset,
+                    ..
+                }) => {
+                    assert_eq!(ino, victim);
+                    assert_eq!(offset, 16384 + 10);
+                    assert_eq!(seg_offset, off);
+                }
+                other => panic!("expected corruption error, got {other:?}"),
+            }
+            // The rest of the file reads.
+            let mut buf = vec![0u8; 16384];
+            assert_eq!(s.read(*ino, 0, &mut buf).unwrap(), 16384);
+            assert_eq!(&buf[..], &want[..16384]);
+            let mut buf = vec![0u8; 1000];
+            s.read(*ino, 40000, &mut buf).unwrap();
+            assert_eq!(&buf[..], &want[40000..41000]);
+            assert_eq!(
+                Error::Corrupt {
+                    ino: 0,
+                    offset: 0,
+                    segment: 0,
+                    seg_offset: 0,
+                    detail: String::new()
+                }
+                .errno(),
+                libc_eio()
+            );
+        } else {
+            assert_eq!(&read_all(&s, *ino).unwrap(), want);
+        }
+    }
+    s.close().unwrap();
+    let r = fsck_report(&dir, false);
+    let errs: Vec<_> = r.problems.iter().filter(|p| !p.kind.is_info()).collect();
+    assert_eq!(errs.len(), 1, "{:#?}", r.problems);
+    assert_eq!(errs[0].kind, ProblemKind::CorruptExtent);
+    assert_eq!(errs[0].ino, Some(victim));
+    // Repair drops the bad reference; the file then reads with a hole there; fsck is clean.
+    let r = fsck_report(&dir, true);
+    assert_eq!(r.repaired(), 1, "{:#?}", r.problems);
+    assert_eq!(r.unrepaired(), 0);
+    assert_clean(&dir);
+    let s = open(&dir, tuning());
+    let got = read_all(&s, victim).unwrap();
+    let want = &files[1].1;
+    assert_eq!(&got[..16384], &want[..16384]);
+    assert!(got[16384..32768].iter().all(|&b| b == 0));
+    assert_eq!(&got[32768..], &want[32768..]);
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+#[test]
+fn damaged_extent_header_is_found() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let files = populated(&dir);
+    let exts = walk_segments(&dir);
+    let (path, off, h) = exts
+        .iter()
+        .find(|(_, _, h)| h.ino == files[2].0)
+        .unwrap()
+        .clone();
+    let mut data = std::fs::read(&path).unwrap();
+    data[off as usize + 9] ^= 1; // raw length
+    std::fs::write(&path, &data).unwrap();
+    let s = open(&dir, tuning());
+    let mut buf = vec![0u8; 10];
+    assert!(matches!(
+        s.read(files[2].0, h.file_offset, &mut buf),
+        Err(Error::Corrupt { .. })
+    ));
+    assert_eq!(read_all(&s, files[0].0).unwrap(), files[0].1);
+    drop(s);
+    let r = fsck_report(&dir, false);
+    let errs: Vec<_> = r.problems.iter().filter(|p| !p.kind.is_info()).collect();
+    assert_eq!(errs.len(), 1, "{:#?}", r.problems);
+    assert_eq!(errs[0].ino, Some(files[2].0));
+}
+
+#[test]
+fn superblock_damage_and_bad_input_give_one_clear_error_and_change_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    populated(&dir);
+    let sbp = dir.join(format::SUPERBLOCK_FILE);
+    let good = std::fs::read(&sbp).unwrap();
+
+    let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+        (
+            "flipped byte",
+            Box::new(|| {
+                let mut b = good.clone();
+                b[33] ^= 0x80;
+                std::fs::write(&sbp, b).unwrap();
+            }),
+        ),
+        (
+            "truncated",
+            Box::new(|| std::fs::write(&sbp, &good[..20]).unwrap()),
+        ),
+        (
+            "future version",
+            Box::new(|| {
+                let mut sb = format::Superblock::decode(&good).unwrap();
+                sb.version = 7;
+                std::fs::write(&sbp, sb.encode()).unwrap();
+            }),
+        ),
+        (
+            "another program's superblock",
+            Box::new(|| std::fs::write(&sbp, b"[section]\nkey=value\n").unwrap()),
+        ),
+    ];
+    for (what, damage) in cases {
+        damage();
+        let before = snapshot(&dir);
+        let e = Store::open(&dir, &OpenOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("{what}: opened"));
+        let msg = e.to_string();
+        match what {
+            "future version" => assert!(
+                matches!(e, Error::UnsupportedVersion { found: 7, .. }),
+                "{msg}"
+            ),
+            "another program's superblock" => {
+                assert!(matches!(e, Error::NotAStore { .. }), "{msg}")
+            }
+            _ => assert!(matches!(e, Error::BadSuperblock { .. }), "{what}: {msg}"),
+        }
+        assert!(!msg.contains('\n'));
+        assert!(fsck(&dir, false, &mut |_, _| {}).is_err());
+        assert!(!Store::is_store(&dir));
+        assert_eq!(before, snapshot(&dir), "{what}: files changed");
+        std::fs::write(&sbp, &good).unwrap();
+    }
+    // Metadata of another program.
+    let mp = dir.join(format::META_FILE);
+    let meta = std::fs::read(&mp).unwrap();
+    std::fs::write(&mp, b"SQLite format 3\0 not really").unwrap();
+    let before = snapshot(&dir);
+    let e = Store::open(&dir, &OpenOptions::default()).err().unwrap();
+    assert!(matches!(e, Error::NotAStore { .. }), "{e}");
+    assert_eq!(before, snapshot(&dir));
+    std::fs::write(&mp, meta).unwrap();
+    // A directory that is no store, and a file.
+    let other = t.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), b"hello").unwrap();
+    let before = snapshot(&other);
+    assert!(matches!(
+        Store::open(&other, &OpenOptions::default()),
+        Err(Error::NotAStore { .. })
+    ));
+    assert!(matches!(
+        Store::create(&other, &CreateOptions::default()),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert_eq!(before, snapshot(&other));
+    assert!(matches!(
+        Store::open(&other.join("notes.txt"), &OpenOptions::default()),
+        Err(Error::NotAStore { .. })
+    ));
+    // The intact store still opens and is clean.
+    let s = open(&dir, tuning());
+    s.close().unwrap();
+    assert_clean(&dir);
+}
+
+#[test]
+fn injected_faults_turn_read_only_and_lose_nothing_acknowledged() {
+    let kinds = [
+        (FaultOp::Write, FaultKind::Eio),
+        (FaultOp::Write, FaultKind::NoSpace),
+        (FaultOp::Write, FaultKind::Torn(100)),
+        (FaultOp::Sync, FaultKind::Eio),
+        (FaultOp::Create, FaultKind::NoSpace),
+    ];
+    for (n, (op, kind)) in kinds.into_iter().enumerate() {
+        for nth in [0u64, 1, 3] {
+            let t = tempfile::tempdir().unwrap();
+            let dir = t.path().join("s");
+            let fb = FaultBackend::new();
+            let tun = Tuning {
+                backend: Arc::new(fb.clone()),
+                segment_size: 64 << 10,
+                ..tuning()
+            };
+            let s = create(&dir, 4096, tun.clone());
+            let a = s
+                .mknod(ROOT_INO, b"a", FileKind::File, 0o644, 0, 0, 0)
+                .unwrap();
+            let durable = pattern(30_000, n as u64);
+            s.write(a.ino, 0, &durable).unwrap();
+            s.fsync(a.ino, false).unwrap();
+            fb.arm(Fault {
+                op,
+                nth,
+                kind,
+                sticky: false,
+            });
+            let b = s
+                .mknod(ROOT_INO, b"b", FileKind::File, 0o644, 0, 0, 0)
+                .unwrap();
+            let mut failed = None;
+            for round in 0..40u64 {
+                let r = s
+                    .write(b.ino, round * 9000, &pattern(9000, round))
+                    .and_then(|_| s.write(a.ino, 0, b"overwrite").map(|_| ()))
+                    .and_then(|_| s.fsync(b.ino, false));
+                if let Err(e) = r {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            let e = failed.unwrap_or_else(|| panic!("{op:?} {kind:?} {nth}: fault never surfaced"));
+            if kind == FaultKind::NoSpace {
+                assert!(matches!(e, Error::NoSpace), "{e}");
+            }
+            assert!(fb.fired() > 0);
+            assert!(matches!(s.write(a.ino, 0, b"x"), Err(Error::ReadOnly(_))));
+            assert!(matches!(
+                s.mkdir(ROOT_INO, b"d", 0o755, 0, 0),
+                Err(Error::ReadOnly(_))
+            ));
+            assert!(s.stats().read_only);
+            drop(s);
+            fb.disarm();
+            let s = open(&dir, tuning());
+            let a = s.lookup(ROOT_INO, b"a").unwrap();
+            let got = read_all(&s, a.ino).unwrap();
+            // Either the fsync'd content or it with the unsynced overwrite.
+            assert!(got == durable || (got[..9] == *b"overwrite" && got[9..] == durable[9..]));
+            s.close().unwrap();
+            assert_clean(&dir);
+        }
+    }
+}
