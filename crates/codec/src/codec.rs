@@ -28,7 +28,7 @@ pub fn max_compressed_len(algorithm: Algorithm, len: usize) -> usize {
     match algorithm {
         Algorithm::None => len,
         Algorithm::Zstd => zstd::zstd_safe::compress_bound(len),
-        Algorithm::Lz4 => lz4_flex::block::get_maximum_output_size(len),
+        Algorithm::Lz4 => crate::lz4::compress_bound(len),
         // zlib-rs level 1 ("deflate_quick", as in zlib-ng) emits static-Huffman blocks, where a
         // literal costs up to 9 bits: 12.5% expansion plus block headers and the zlib wrapper.
         Algorithm::Zlib => len + len / 8 + 128,
@@ -49,6 +49,7 @@ pub struct Compressor {
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
     zlib: Option<(i32, flate2::Compress)>,
     lzo: Option<crate::lzo::Lzo1x1>,
+    lz4: Option<crate::lz4::Lz4>,
 }
 
 impl std::fmt::Debug for Compressor {
@@ -73,6 +74,7 @@ impl Compressor {
             zstd: None,
             zlib: None,
             lzo: None,
+            lz4: None,
         }
     }
 
@@ -121,8 +123,17 @@ impl Compressor {
             }
             Algorithm::Lz4 => {
                 dst.resize(bound, 0);
-                let n =
-                    lz4_flex::block::compress_into(src, dst).map_err(|e| backend(algorithm, e))?;
+                let ctx = match &mut self.lz4 {
+                    Some(c) => c,
+                    slot @ None => slot.insert(
+                        crate::lz4::Lz4::new()
+                            .ok_or_else(|| backend(algorithm, "cannot initialise LZ4 state"))?,
+                    ),
+                };
+                // dst holds LZ4_COMPRESSBOUND(len) bytes, so compression cannot run out of room.
+                let n = ctx
+                    .compress(src, dst)
+                    .ok_or_else(|| backend(algorithm, "LZ4_compress_fast_extState failed"))?;
                 dst.truncate(n);
             }
             Algorithm::Zlib => {
@@ -187,8 +198,8 @@ pub fn context_memory(spec: CodecSpec, extent: usize) -> usize {
         Algorithm::Zlib => (1 << 17) + (1 << 17),
         // LZO1X-1 work memory: 16 K dictionary entries of 2 bytes.
         Algorithm::Lzo => crate::lzo::DICT_BYTES,
-        // lz4_flex's 4 K-entry u32 hash table.
-        Algorithm::Lz4 => 4096 * 4,
+        // liblz4's LZ4_stream_t (a 4 K-entry u32 hash table plus a small header).
+        Algorithm::Lz4 => crate::lz4::state_bytes(),
     }
 }
 
@@ -264,8 +275,9 @@ impl Decompressor {
                 }
             }
             Algorithm::Lz4 => {
-                let n = lz4_flex::block::decompress_into(src, dst)
-                    .map_err(|e| CodecError::corrupt(algorithm, e))?;
+                let n = crate::lz4::decompress(src, dst).ok_or_else(|| {
+                    CodecError::corrupt(algorithm, "malformed block or longer than the extent")
+                })?;
                 if n != want {
                     return Err(wrong_len(n));
                 }

@@ -174,6 +174,7 @@ pub fn btrfs_heuristic(data: &[u8]) -> Verdict {
 #[derive(Debug, Default)]
 pub struct Heuristic {
     scratch: Vec<u8>,
+    lz4: Option<crate::lz4::Lz4>,
 }
 
 /// The trial must save at least 1/TRIAL_MIN_SAVING_DIV of the input for the extent to be
@@ -192,12 +193,19 @@ impl Heuristic {
         if v.compress {
             return v;
         }
-        let bound = lz4_flex::block::get_maximum_output_size(data.len());
+        let bound = crate::lz4::compress_bound(data.len());
         if self.scratch.len() < bound {
             self.scratch.resize(bound, 0);
         }
-        match lz4_flex::block::compress_into(data, &mut self.scratch) {
-            Ok(n) if n + data.len() / TRIAL_MIN_SAVING_DIV <= data.len() => {
+        if self.lz4.is_none() {
+            self.lz4 = crate::lz4::Lz4::new();
+        }
+        let trial = self
+            .lz4
+            .as_mut()
+            .and_then(|c| c.compress(data, &mut self.scratch));
+        match trial {
+            Some(n) if n + data.len() / TRIAL_MIN_SAVING_DIV <= data.len() => {
                 Verdict::yes(Reason::TrialCompressible)
             }
             _ => Verdict::no(Reason::TrialIncompressible),

@@ -8,6 +8,7 @@ pub mod codec;
 pub mod error;
 pub mod extent;
 pub mod heuristic;
+pub mod lz4;
 pub mod lzo;
 pub mod spec;
 
