@@ -3,8 +3,8 @@
 //!
 //! Objects are grouped into classes every [`CLASS_STEP`] bytes up to the huge threshold
 //! ([`HUGE_THRESHOLD`], 3/4 of a page like zram's `huge_class_size`); one more class holds raw
-//! 4 KiB pages. Each class allocates "zspages": runs of 1 to [`MAX_ZSPAGE_PAGES`] pages (the
-//! count that wastes the least tail space for the class size) cut into equal slots. Objects
+//! 4 KiB pages. Each class allocates "zspages": runs of 1 to [`MAX_ZSPAGE_PAGES`] pages (see
+//! [`pages_per_zspage`]) cut into equal slots. Objects
 //! are addressed through handles, so [`Pool::compact`] can move them from sparse zspages into
 //! fuller ones and free the emptied zspages without the caller's table changing.
 //!
@@ -27,8 +27,8 @@ pub const HUGE_THRESHOLD: usize = PAGE * 3 / 4;
 pub const NUM_CLASSES: usize = HUGE_THRESHOLD / CLASS_STEP + 1;
 /// The class index that holds raw pages.
 pub const HUGE_CLASS: usize = NUM_CLASSES - 1;
-/// zsmalloc's historical `ZS_MAX_PAGES_PER_ZSPAGE`.
-pub const MAX_ZSPAGE_PAGES: usize = 4;
+/// Longest zspage chain, zsmalloc's `CONFIG_ZSMALLOC_CHAIN_SIZE` maximum.
+pub const MAX_ZSPAGE_PAGES: usize = 16;
 
 const FREE: u32 = u32::MAX;
 
@@ -71,20 +71,17 @@ pub fn class_size(class: usize) -> usize {
     }
 }
 
-/// Pages per zspage for a slot size: the count in 1..=4 that leaves the smallest fraction of the
-/// zspage unused (zsmalloc's `get_pages_per_zspage`).
+/// Pages per zspage for a slot size: the count in 1..=16 that leaves the smallest fraction of a
+/// full zspage as unusable tail (the fewest pages on ties). With zsmalloc's historical limit of
+/// 4 pages the tail averages 4.3% for 1-3 KiB objects (up to 11%), which alone would break a 5%
+/// overhead budget; newer kernels allow chains of up to 16 pages (CONFIG_ZSMALLOC_CHAIN_SIZE)
+/// for the same reason. Long chains cost nothing while partly filled, since zspage memory
+/// grows a page at a time.
 pub fn pages_per_zspage(size: usize) -> usize {
-    let mut best = 1;
-    let mut best_used = 0usize; // in parts per million
-    for k in 1..=MAX_ZSPAGE_PAGES {
-        let bytes = k * PAGE;
-        let used = (bytes / size) * size * 1_000_000 / bytes;
-        if used > best_used {
-            best_used = used;
-            best = k;
-        }
-    }
-    best
+    let waste_ppm = |k: usize| ((k * PAGE) % size) * 1_000_000 / (k * PAGE);
+    (1..=MAX_ZSPAGE_PAGES)
+        .min_by_key(|&k| (waste_ppm(k), k))
+        .unwrap_or(1)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,7 +92,9 @@ struct Loc {
 
 #[derive(Debug)]
 struct ZsPage {
-    mem: Box<[u8]>,
+    /// Grown a page at a time as slots are first used, so a partly filled zspage holds only
+    /// the pages its slots reach (zsmalloc allocates the whole chain up front).
+    mem: Vec<u8>,
     /// Slot → handle owning it, or FREE.
     owners: Box<[u32]>,
     used: u32,
@@ -104,6 +103,25 @@ struct ZsPage {
 impl ZsPage {
     fn free_slot(&self) -> Option<usize> {
         self.owners.iter().position(|&o| o == FREE)
+    }
+
+    /// Bytes `mem` must grow by for `slot` of a class of `size`-byte slots in a zspage of
+    /// `pages` pages.
+    fn growth_for(&self, slot: usize, size: usize, pages: usize) -> usize {
+        let need = (slot + 1) * size;
+        if need <= self.mem.len() {
+            0
+        } else {
+            need.next_multiple_of(PAGE).min(pages * PAGE) - self.mem.len()
+        }
+    }
+
+    /// Grows `mem` by `by` bytes; returns the change in allocated capacity.
+    fn grow(&mut self, by: usize) -> u64 {
+        let before = self.mem.capacity();
+        self.mem.reserve_exact(by);
+        self.mem.resize(self.mem.len() + by, 0);
+        (self.mem.capacity() - before) as u64
     }
 }
 
@@ -119,6 +137,8 @@ struct Class {
     handles: Vec<Loc>,
     free_handles: Vec<u32>,
     live_zspages: usize,
+    /// Allocated bytes of all zspages' memory.
+    mem_bytes: u64,
     /// What `bytes()` returned after the last change, to update the pool total by the delta.
     accounted: u64,
 }
@@ -144,17 +164,20 @@ impl Class {
             handles: Vec::new(),
             free_handles: Vec::new(),
             live_zspages: 0,
+            mem_bytes: 0,
             accounted: 0,
         }
     }
 
-    fn zspage_bytes(&self) -> u64 {
-        (self.pages * PAGE + self.objs * 4 + std::mem::size_of::<ZsPage>()) as u64
+    /// Bookkeeping of one zspage besides its memory: the slot owners and the struct.
+    fn zspage_meta(&self) -> u64 {
+        (self.objs * 4 + std::mem::size_of::<ZsPage>()) as u64
     }
 
     /// Everything this class holds on the heap.
     fn bytes(&self) -> u64 {
-        self.live_zspages as u64 * self.zspage_bytes()
+        self.mem_bytes
+            + self.live_zspages as u64 * self.zspage_meta()
             + (self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>()) as u64
             + (self.free_ids.capacity() * 4) as u64
             + self.partial.len() as u64 * SET_ELEM_COST
@@ -186,7 +209,9 @@ impl Class {
     }
 
     fn release_zspage(&mut self, id: u32) {
-        self.zspages[id as usize] = None;
+        if let Some(zp) = self.zspages[id as usize].take() {
+            self.mem_bytes -= zp.mem.capacity() as u64;
+        }
         self.partial.remove(&id);
         self.free_ids.push(id);
         self.live_zspages -= 1;
@@ -273,16 +298,31 @@ impl Pool {
         }
         let class = class_of(data.len());
         let mut c = write_lock(&self.classes[class]);
-        let id = match c.partial.first() {
-            Some(&id) => id,
+        let (size, pages, objs) = (c.size, c.pages, c.objs);
+        let existing = c.partial.first().copied();
+        let (slot, growth, meta) = match existing.and_then(|id| c.zspages[id as usize].as_ref()) {
+            Some(zp) => match zp.free_slot() {
+                Some(slot) => (slot, zp.growth_for(slot, size, pages), 0),
+                // Unreachable by construction (ids in `partial` have a free slot); report
+                // rather than panic.
+                None => return Err(PoolError::Handles),
+            },
+            None => (
+                0,
+                size.next_multiple_of(PAGE).min(pages * PAGE),
+                c.zspage_meta(),
+            ),
+        };
+        let limit = self.limit();
+        if limit != 0 && growth > 0 && self.used_bytes() + growth as u64 + meta > limit {
+            return Err(PoolError::Limit { limit });
+        }
+        let id = match existing {
+            Some(id) => id,
             None => {
-                let limit = self.limit();
-                if limit != 0 && self.used_bytes() + c.zspage_bytes() > limit {
-                    return Err(PoolError::Limit { limit });
-                }
                 let zp = ZsPage {
-                    mem: vec![0u8; c.pages * PAGE].into_boxed_slice(),
-                    owners: vec![FREE; c.objs].into_boxed_slice(),
+                    mem: Vec::new(),
+                    owners: vec![FREE; objs].into_boxed_slice(),
                     used: 0,
                 };
                 let id = match c.free_ids.pop() {
@@ -301,19 +341,14 @@ impl Pool {
                 id
             }
         };
-        let objs = c.objs;
-        let slot = match c.zspages[id as usize].as_ref().and_then(ZsPage::free_slot) {
-            Some(s) => s,
-            // Unreachable by construction (ids in `partial` are live and have a free slot);
-            // report rather than panic.
-            None => return Err(PoolError::Handles),
-        };
         let handle = c.new_handle(Loc {
             zspage: id,
             slot: slot as u32,
         })?;
         let range = c.slot_range(slot);
+        let mut grown = 0;
         if let Some(zp) = c.zspages[id as usize].as_mut() {
+            grown = zp.grow(growth);
             zp.mem[range.start..range.start + data.len()].copy_from_slice(data);
             zp.owners[slot] = handle;
             zp.used += 1;
@@ -321,6 +356,7 @@ impl Pool {
                 c.partial.remove(&id);
             }
         }
+        c.mem_bytes += grown;
         self.account(&mut c);
         Ok(ObjRef {
             class: class as u8,
@@ -336,7 +372,7 @@ impl Pool {
             return None;
         }
         let start = loc.slot as usize * c.size;
-        Some(f(&zp.mem[start..start + len]))
+        Some(f(zp.mem.get(start..start + len)?))
     }
 
     /// Frees an object; freeing a dangling reference does nothing.
@@ -393,8 +429,7 @@ impl Pool {
             while lo + 1 < hi {
                 let src = ids[lo].1;
                 let dst = ids[hi - 1].1;
-                let size = c.size;
-                let objs = c.objs;
+                let (size, objs, pages) = (c.size, c.objs, c.pages);
                 // Take one object from src.
                 let Some(szp) = c.zspages[src as usize].as_ref() else {
                     lo += 1;
@@ -417,10 +452,13 @@ impl Pool {
                     hi -= 1;
                     continue;
                 };
+                let growth = dzp.growth_for(d_slot, size, pages);
+                let grown = dzp.grow(growth);
                 dzp.mem[d_slot * size..(d_slot + 1) * size].copy_from_slice(&tmp[..size]);
                 dzp.owners[d_slot] = handle;
                 dzp.used += 1;
                 let dst_full = dzp.used as usize == objs;
+                c.mem_bytes += grown;
                 c.handles[handle as usize] = Loc {
                     zspage: dst,
                     slot: d_slot as u32,

@@ -1,0 +1,605 @@
+//! `compfs blk serve` against real NBD clients: qemu-io, nbdinfo, nbdcopy, nbdfuse + ext4.
+//! Tools come from scripts/deps.sh (qemu-utils, libnbd-bin, nbdfuse, e2fsprogs); a test whose
+//! tool is missing says so and returns.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use compfs_codec::{CodecSpec, Compressor};
+
+const BIN: &str = env!("CARGO_BIN_EXE_compfs");
+const CORPUS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/corpus/silesia.tar.zst"
+);
+const PAGE: usize = 4096;
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP: {tool} is not installed (run scripts/deps.sh)");
+    }
+    ok
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "compfs-blk-{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A running `compfs blk serve`, killed and cleaned up on drop.
+struct Server {
+    child: Child,
+    dir: PathBuf,
+    sock: PathBuf,
+}
+
+impl Server {
+    fn start(tag: &str, args: &[&str]) -> Server {
+        let dir = temp_dir(tag);
+        let sock = dir.join("nbd.sock");
+        let child = Command::new(BIN)
+            .args(["blk", "serve", "--socket"])
+            .arg(&sock)
+            .args(args)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Server { child, dir, sock };
+        let ctl = s.dir.join("nbd.sock.ctl");
+        let start = Instant::now();
+        while !(s.sock.exists() && ctl.exists()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.sock.display())
+    }
+
+    fn blk(&self, args: &[&str]) -> Output {
+        let (cmd, rest) = args.split_first().unwrap();
+        Command::new(BIN)
+            .args(["blk", cmd])
+            .arg(&self.sock)
+            .args(rest)
+            .output()
+            .unwrap()
+    }
+
+    /// mm_stat, io_stat, bd_stat fields from `compfs blk stat`.
+    fn stat(&self) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+        let o = self.blk(&["stat"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8(o.stdout).unwrap();
+        let line = |k: &str| -> Vec<u64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {text}"))
+                .split_whitespace()
+                .map(|w| w.parse().unwrap())
+                .collect()
+        };
+        (line("mm_stat "), line("io_stat "), line("bd_stat "))
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{:?} failed: {}{}",
+        cmd,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn qemu_io(uri: &str, cmds: &[&str]) -> Output {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    c.arg(uri);
+    c.output().unwrap()
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn text_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let words = [
+        "network",
+        "block",
+        "device",
+        "compressed",
+        "memory",
+        "page",
+        "zram",
+        "qemu",
+        "fuse",
+        "export",
+        "the",
+        "a",
+        "of",
+        "and",
+    ];
+    let mut out = Vec::with_capacity(n);
+    let mut x = seed + 7;
+    while out.len() < n {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        out.extend_from_slice(words[(x >> 33) as usize % words.len()].as_bytes());
+        out.extend_from_slice(if (x >> 21) % 9 == 0 { b".\n" } else { b" " });
+    }
+    out.truncate(n);
+    out
+}
+
+fn sha(path: &Path) -> String {
+    let o = run(Command::new("sha256sum").arg(path));
+    String::from_utf8(o.stdout).unwrap()[..64].to_string()
+}
+
+#[test]
+fn qemu_io_and_nbdinfo() {
+    if !have("qemu-io") || !have("nbdinfo") {
+        return;
+    }
+    let s = Server::start("qemu", &["--size", "16M", "--algo", "lz4"]);
+    let info = run(Command::new("nbdinfo").args(["--json", &s.uri()]));
+    let json = String::from_utf8(info.stdout).unwrap();
+    for want in [
+        "\"export-size\": 16777216",
+        "\"can_multi_conn\": true",
+        "\"can_trim\": true",
+        "\"can_zero\": true",
+        "\"can_fua\": true",
+        "\"can_flush\": true",
+        "\"block_size_preferred\": 4096",
+        "\"block_size_maximum\": 33554432",
+    ] {
+        assert!(json.contains(want), "{want} missing in {json}");
+    }
+    let list = run(Command::new("nbdinfo").args(["--list", &s.uri()]));
+    assert!(String::from_utf8_lossy(&list.stdout).contains("compfs"));
+    let o = qemu_io(
+        &s.uri(),
+        &[
+            "write -P 0xab 0 1M",
+            "write -P 0x11 4000 200",
+            "read -P 0xab 0 4000",
+            "read -P 0x11 4000 200",
+            "read -P 0xab 4200 1044376",
+            "write -z 65536 65536",
+            "read -P 0 65536 65536",
+            "discard 131072 131072",
+            "read -P 0 131072 131072",
+            "read -P 0 1M 15M",
+            "flush",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("failed"));
+    // Reads past the end are refused by the client or the server, never served.
+    let o = qemu_io(&s.uri(), &["read 16M 4096"]);
+    assert!(!o.status.success() || String::from_utf8_lossy(&o.stdout).contains("failed"));
+    let (mm, _, _) = s.stat();
+    // 1 MiB of same-filled pages minus the 128 KiB trimmed; qemu-io's `write -z` sends
+    // NO_HOLE, so those 16 pages stay allocated zero pages.
+    assert_eq!(mm[0], (256 - 32) * PAGE as u64);
+    // The two pages holding the 200-byte 0x11 write are mixed; the rest are same-filled.
+    assert_eq!(mm[5], 256 - 32 - 2, "same_pages");
+}
+
+#[test]
+fn crafted_pages_statistics_over_nbd() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Server::start("stats", &["--size", "1M", "--algo", "lz4"]);
+    let file = s.dir.join("pages.bin");
+    let mut data = Vec::new();
+    data.extend_from_slice(&[0u8; PAGE]); // zero page
+    data.extend(
+        0x0123_4567_89ab_cdefu64
+            .to_ne_bytes()
+            .iter()
+            .cycle()
+            .take(PAGE),
+    ); // one word
+    data.extend(random_bytes(2 * PAGE, 3)); // two huge pages
+    let text = text_bytes(4 * PAGE, 5); // four compressible pages
+    data.extend_from_slice(&text);
+    std::fs::write(&file, &data).unwrap();
+    let o = qemu_io(
+        &s.uri(),
+        &[&format!("write -s {} 0 {}", file.display(), data.len())],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut c = Compressor::new();
+    let mut out = Vec::new();
+    let spec = CodecSpec::parse("lz4").unwrap().spec;
+    let mut compr = 2 * PAGE as u64;
+    for p in text.chunks(PAGE) {
+        compr += c.compress(spec, p, &mut out).unwrap() as u64;
+    }
+    let (mm, io, bd) = s.stat();
+    assert_eq!(mm[0], 8 * PAGE as u64, "orig_data_size");
+    assert_eq!(mm[1], compr, "compr_data_size");
+    assert_eq!(mm[5], 2, "same_pages");
+    assert_eq!(mm[7], 2, "huge_pages");
+    assert_eq!(mm[8], 2, "huge_pages_since");
+    assert!(mm[2] >= mm[1], "mem_used_total covers the data");
+    assert_eq!(io, vec![0, 0, 0, 0]);
+    assert_eq!(bd, vec![0, 0, 0]);
+    let summary = String::from_utf8(s.blk(&["stat"]).stdout).unwrap();
+    let ratio = format!("ratio {:.2}", (8 * PAGE) as f64 / compr as f64);
+    assert!(summary.contains(&ratio), "{ratio} not in {summary}");
+}
+
+#[test]
+fn control_commands_recompress_writeback_compact_reset() {
+    if !have("qemu-io") {
+        return;
+    }
+    let mut s = Server::start(
+        "ctl",
+        &["--size", "8M", "--algo", "lz4", "--recomp-algo", "zstd:9"],
+    );
+    // No backing file: writeback is refused with a clear error.
+    let o = s.blk(&["writeback", "--type", "huge"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--backing"));
+    drop(s);
+    let dir = temp_dir("ctl3");
+    let backing = dir.join("backing.img");
+    s = Server::start(
+        "ctl3s",
+        &[
+            "--size",
+            "8M",
+            "--algo",
+            "lz4",
+            "--recomp-algo",
+            "zstd:9",
+            "--backing",
+            backing.to_str().unwrap(),
+        ],
+    );
+    let file = s.dir.join("data.bin");
+    let mut data = text_bytes(64 * PAGE, 11);
+    data.extend(random_bytes(16 * PAGE, 12));
+    std::fs::write(&file, &data).unwrap();
+    let o = qemu_io(
+        &s.uri(),
+        &[&format!("write -s {} 0 {}", file.display(), data.len())],
+    );
+    assert!(o.status.success());
+    let (before, _, _) = s.stat();
+    assert_eq!(before[7], 16);
+    let o = s.blk(&["mark-idle"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "marked 80");
+    let o = s.blk(&["recompress", "--type", "idle", "--threshold", "1"]);
+    assert!(o.status.success());
+    let (after, _, _) = s.stat();
+    assert!(after[1] < before[1], "zstd:9 shrinks text pages");
+    let o = s.blk(&["writeback", "--type", "huge"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "written 16");
+    let (mm, _, bd) = s.stat();
+    assert_eq!(bd[0], 16);
+    assert_eq!(mm[7], 0);
+    // Everything reads back through the client, including written-back pages.
+    let out = s.dir.join("out.bin");
+    if have("nbdcopy") {
+        run(Command::new("nbdcopy").args([&s.uri(), out.to_str().unwrap()]));
+        let back = std::fs::read(&out).unwrap();
+        assert_eq!(&back[..data.len()], &data[..]);
+        let (_, _, bd) = s.stat();
+        assert!(bd[1] >= 16, "bd_reads");
+    }
+    // Trim half the pages, compact, reset.
+    let o = qemu_io(&s.uri(), &["discard 0 128k", "discard 256k 64k"]);
+    assert!(o.status.success());
+    assert!(s.blk(&["compact"]).status.success());
+    assert!(s.blk(&["reset"]).status.success());
+    let (mm, io, bd) = s.stat();
+    assert_eq!((mm[0], mm[1], mm[5], mm[7]), (0, 0, 0, 0));
+    assert_eq!(io[3], 0);
+    assert_eq!(bd, vec![0, 0, 0]);
+    assert!(s.alive());
+    let _ = std::fs::remove_dir_all(&dir);
+    // Bad control input gets a one-line error.
+    let o = s.blk(&["recompress", "--type", "sideways"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("idle or huge"));
+}
+
+#[test]
+fn mem_limit_fails_writes_with_enospc_and_server_stays_healthy() {
+    if !have("qemu-io") {
+        return;
+    }
+    let mut s = Server::start(
+        "limit",
+        &["--size", "16M", "--algo", "lz4", "--mem-limit", "512K"],
+    );
+    let o = qemu_io(&s.uri(), &["write -P 0x33 0 64k"]);
+    assert!(o.status.success());
+    let file = s.dir.join("rand.bin");
+    std::fs::write(&file, random_bytes(4 << 20, 1)).unwrap();
+    let o = qemu_io(&s.uri(), &[&format!("write -s {} 1M 4M", file.display())]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("No space left on device"), "{text}");
+    assert!(s.alive());
+    let o = qemu_io(&s.uri(), &["read -P 0x33 0 64k"]);
+    assert!(o.status.success(), "stored data is intact");
+    let (mm, io, _) = s.stat();
+    assert!(
+        mm[2] <= 512 * 1024,
+        "mem_used_total {} within the limit",
+        mm[2]
+    );
+    assert_eq!(mm[3], 512 * 1024);
+    assert!(io[1] >= 1, "failed_writes");
+}
+
+#[test]
+fn nbdcopy_in_and_out_byte_identical_and_tcp() {
+    if !have("nbdcopy") || !have("zstd") {
+        return;
+    }
+    let dir = temp_dir("copy");
+    let src = dir.join("src.bin");
+    let (size, from_corpus) = if Path::new(CORPUS).exists() {
+        let f = std::fs::File::create(&src).unwrap();
+        run(Command::new("zstd").args(["-dc", CORPUS]).stdout(f));
+        (std::fs::metadata(&src).unwrap().len(), true)
+    } else {
+        eprintln!("corpus missing; using 48 MiB of generated data");
+        let mut f = std::fs::File::create(&src).unwrap();
+        for i in 0..12u64 {
+            f.write_all(&text_bytes(2 << 20, i)).unwrap();
+            f.write_all(&random_bytes(1 << 20, i)).unwrap();
+            f.write_all(&vec![0u8; 1 << 20]).unwrap();
+        }
+        (48 << 20, false)
+    };
+    let dev = size.div_ceil(1 << 20) << 20;
+    let s = Server::start("copy", &["--size", &dev.to_string(), "--algo", "lz4"]);
+    run(Command::new("nbdcopy").args([src.to_str().unwrap(), &s.uri()]));
+    let out = dir.join("out.bin");
+    run(Command::new("nbdcopy").args([&s.uri(), out.to_str().unwrap()]));
+    run(Command::new("truncate")
+        .args(["-s", &size.to_string()])
+        .arg(&out));
+    assert_eq!(sha(&src), sha(&out), "byte-identical round trip");
+    let (mm, _, _) = s.stat();
+    let ratio = mm[0] as f64 / mm[1] as f64;
+    eprintln!(
+        "nbdcopy: orig {} compr {} mem {} ratio {ratio:.3} (corpus: {from_corpus})",
+        mm[0], mm[1], mm[2]
+    );
+    assert!(ratio > 1.3);
+    assert!(mm[2] as f64 <= 1.05 * mm[1] as f64, "pool overhead");
+    drop(s);
+    // TCP on loopback, same data path.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let tdir = temp_dir("tcp");
+    let ctl = tdir.join("blk.ctl");
+    let mut child = Command::new(BIN)
+        .args(["blk", "serve", "--size", "8M", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--control")
+        .arg(&ctl)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !ctl.exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let small = dir.join("small.bin");
+    std::fs::write(&small, text_bytes(8 << 20, 99)).unwrap();
+    let uri = format!("nbd://127.0.0.1:{port}");
+    let r1 = Command::new("nbdcopy")
+        .args([small.to_str().unwrap(), &uri])
+        .status();
+    let back = dir.join("small.out");
+    let r2 = Command::new("nbdcopy")
+        .args([&uri, back.to_str().unwrap()])
+        .status();
+    let stat = Command::new(BIN)
+        .args(["blk", "stat"])
+        .arg(&ctl)
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(r1.unwrap().success() && r2.unwrap().success());
+    assert_eq!(sha(&small), sha(&back));
+    assert!(String::from_utf8_lossy(&stat.stdout).contains("mm_stat"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&tdir);
+}
+
+/// nbdfuse, loop device, ext4: unmounted, detached and stopped in Drop even on failure.
+struct Stack {
+    fuse_dir: PathBuf,
+    fuse: Option<Child>,
+    loopdev: Option<String>,
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+        }
+        if let Some(l) = self.loopdev.take() {
+            let _ = Command::new("losetup").args(["-d", &l]).status();
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.fuse_dir)
+            .status();
+        if let Some(mut c) = self.fuse.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn ext4_on_nbdfuse_loop_device_survives_remount() {
+    if !is_root() {
+        eprintln!("SKIP: the ext4 end-to-end test needs root (losetup, mount)");
+        return;
+    }
+    for t in [
+        "nbdfuse",
+        "losetup",
+        "mkfs.ext4",
+        "fusermount3",
+        "sha256sum",
+    ] {
+        if !have(t) {
+            return;
+        }
+    }
+    let s = Server::start("e2e", &["--size", "128M", "--algo", "zstd:1"]);
+    let fuse_dir = s.dir.join("fuse");
+    let mnt = s.dir.join("mnt");
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let fuse = Command::new("nbdfuse")
+        .arg(fuse_dir.join("disk"))
+        .args(["--unix"])
+        .arg(&s.sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut st = Stack {
+        fuse_dir: fuse_dir.clone(),
+        fuse: Some(fuse),
+        loopdev: None,
+        mnt: mnt.clone(),
+        mounted: false,
+    };
+    let disk = fuse_dir.join("disk");
+    let start = Instant::now();
+    while std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0) != 128 << 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "nbdfuse did not mount"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = run(Command::new("losetup").args(["-f", "--show"]).arg(&disk));
+    let dev = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    st.loopdev = Some(dev.clone());
+    run(Command::new("mkfs.ext4").args(["-q", "-F", &dev]));
+    run(Command::new("mount").arg(&dev).arg(&mnt));
+    st.mounted = true;
+    // A tree: text files, random files, nested directories.
+    let mut files = Vec::new();
+    for d in 0..4u64 {
+        let sub = mnt.join(format!("dir{d}/nested"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for f in 0..5u64 {
+            let p = sub.join(format!("f{f}.txt"));
+            let data = if f % 2 == 0 {
+                text_bytes(300_000 + (f * 7919) as usize, d * 10 + f)
+            } else {
+                random_bytes(100_000 + f as usize, d * 10 + f)
+            };
+            std::fs::write(&p, data).unwrap();
+            files.push(p);
+        }
+    }
+    let sums: Vec<String> = files.iter().map(|p| sha(p)).collect();
+    run(Command::new("umount").arg(&mnt));
+    st.mounted = false;
+    run(Command::new("mount").arg(&dev).arg(&mnt));
+    st.mounted = true;
+    for (p, want) in files.iter().zip(&sums) {
+        assert_eq!(&sha(p), want, "{}", p.display());
+    }
+    run(Command::new("umount").arg(&mnt));
+    st.mounted = false;
+    let fsck = Command::new("e2fsck").args(["-f", "-n", &dev]).output();
+    if let Ok(o) = fsck {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    }
+    drop(st);
+    let (mm, io, _) = s.stat();
+    assert!(
+        mm[0] > 0 && mm[1] < mm[0],
+        "ext4 metadata and text compress"
+    );
+    assert_eq!((io[0], io[1]), (0, 0), "no failed reads or writes");
+}
