@@ -21,6 +21,15 @@ enum Command {
     /// Benchmarks: codecs on files, the filesystem against kernel btrfs, the block device.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Mount a store with FUSE; -o takes btrfs options (compress=zstd:3, compress-force=...).
+    Mount(cmd::fs::MountArgs),
+    /// compsize-style report of disk usage for files on a mount (or a whole unmounted store).
+    Usage(cmd::fs::UsageArgs),
+    /// Get or set a file's or directory's compression property.
+    #[command(subcommand)]
+    Property(cmd::fs::PropertyCommand),
+    /// Live statistics of a mounted compfs.
+    Stats(cmd::fs::StatsArgs),
     /// Compressed RAM block device (like zram) served over NBD.
     #[command(subcommand)]
     Blk(cmd::blk::Command),
@@ -40,9 +49,25 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // `mount -t fuse.compfs` and fstab run /sbin/mount.fuse.compfs (a link to this binary).
+    let argv: Vec<String> = std::env::args().collect();
+    let argv0 = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string());
+    if matches!(argv0.as_deref(), Some("mount.fuse.compfs" | "mount.compfs")) {
+        return match cmd::fs::mount_helper(argv) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("compfs: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(BenchCommand::Codecs(a)) => cmd::bench_codecs::run(a),
+        Command::Mount(a) => cmd::fs::mount(a),
+        Command::Usage(a) => cmd::fs::usage(a),
+        Command::Property(c) => cmd::fs::property(c),
+        Command::Stats(a) => cmd::fs::stats(a),
         Command::Blk(c) => cmd::blk::run(c),
     };
     match result {

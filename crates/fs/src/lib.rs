@@ -3,10 +3,15 @@
 //! errors to errno values, and adds the mount options and the usage/stats reporting interface
 //! (virtual xattrs) on top.
 
+pub mod adapter;
 pub mod error;
+pub mod mount;
 pub mod options;
+pub mod report;
 pub mod usage;
 
+pub use adapter::CompFs;
 pub use error::{OptionError, RecordError};
+pub use mount::{serve, MountError};
 pub use options::MountOptions;
 pub use usage::{Figures, UsageReport};

@@ -1,5 +1,6 @@
 //! One module per command family.
 
 pub mod bench_codecs;
+pub mod fs;
 pub mod blk;
 pub mod util;

@@ -1,0 +1,377 @@
+//! `compfs mount`, the `mount.fuse.compfs` helper, `compfs usage`, `compfs property`,
+//! `compfs stats`.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use compfs_codec::CodecSpec;
+use compfs_fs::mount::{block_termination_signals, open_options, open_store, serve};
+use compfs_fs::report::{report_from_usage, StatsRecord, STATS_XATTR, USAGE_XATTR};
+use compfs_fs::{MountOptions, UsageReport};
+use compfs_store::{OpenOptions, Store, ROOT_INO};
+
+/// The compression property's xattr.
+const COMPRESSION_XATTR: &str = "compfs.compression";
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// Store directory (created by `compfs mkfs`).
+    pub store: PathBuf,
+    /// Directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]],
+    /// compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, threads=N,
+    /// fuse_threads=N, noexec, nosuid, nodev, noatime.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// Write the daemon's log here instead of inheriting stderr.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// Internal: print "ready" on stdout once mounted (used by the detaching parent).
+    #[arg(long, hide = true)]
+    pub notify_ready: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UsageArgs {
+    /// Print sizes in bytes instead of human units.
+    #[arg(short = 'b', long = "bytes")]
+    pub bytes: bool,
+    /// Files or directories inside a mounted compfs, or an unmounted store directory.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PropertyCommand {
+    /// Print a property (only `compression` exists); prints nothing when it is not set.
+    Get {
+        path: PathBuf,
+        #[arg(default_value = "compression")]
+        name: String,
+    },
+    /// Set a property: `compression VALUE` (zstd:5, lz4, none, ...; "" clears it).
+    Set {
+        path: PathBuf,
+        name: String,
+        value: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// Mount point of a compfs filesystem.
+    pub mountpoint: PathBuf,
+}
+
+/// `compfs mount`.
+pub fn mount(a: MountArgs) -> Result<ExitCode> {
+    let opts = MountOptions::parse(&a.options)?;
+    for w in &opts.warnings {
+        eprintln!("compfs: warning: {w}");
+    }
+    if !Store::is_store(&a.store) {
+        bail!(
+            "{} is not a compfs store; create one with `compfs mkfs {}`",
+            a.store.display(),
+            a.store.display()
+        );
+    }
+    if !a.mountpoint.is_dir() {
+        bail!("mount point {} is not a directory", a.mountpoint.display());
+    }
+    if !a.foreground {
+        return spawn_daemon(&a);
+    }
+    let store_dir = a
+        .store
+        .canonicalize()
+        .with_context(|| format!("store {}", a.store.display()))?;
+    block_termination_signals();
+    let store = open_store(&store_dir, &open_options(&opts)).map_err(|e| match e {
+        compfs_store::Error::InUse(_) => anyhow!(
+            "store {} is in use (already mounted?); unmount it first",
+            store_dir.display()
+        ),
+        e => anyhow!("cannot open store {}: {e}", store_dir.display()),
+    })?;
+    let notify = a.notify_ready;
+    serve(store, &store_dir, &a.mountpoint, &opts, move || {
+        if notify {
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "ready");
+            let _ = out.flush();
+            // Stop holding the parent's pipe open.
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                use std::os::fd::AsRawFd;
+                // SAFETY: dup2 onto fd 1 with a valid open fd.
+                unsafe {
+                    libc::dup2(null.as_raw_fd(), 1);
+                }
+            }
+        }
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts `compfs mount --foreground` in a new session and returns once the mount is ready,
+/// or with the child's failure.
+fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
+    let exe = std::env::current_exe().context("cannot find the compfs executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg(&a.store)
+        .arg(&a.mountpoint)
+        .arg("--foreground")
+        .arg("--notify-ready");
+    for o in &a.options {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    if let Some(log) = &a.log {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open log file {}", log.display()))?;
+        cmd.stderr(f);
+    }
+    // SAFETY: setsid is async-signal-safe; detaches the daemon from the terminal's session.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the compfs daemon")?;
+    let Some(stdout) = child.stdout.take() else {
+        bail!("daemon stdout was not captured");
+    };
+    let mut line = String::new();
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    if line.trim() == "ready" {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status = child.wait().context("waiting for the compfs daemon")?;
+    bail!(
+        "mounting {} on {} failed (daemon {status}); see the message above",
+        a.store.display(),
+        a.mountpoint.display()
+    )
+}
+
+/// The `mount.fuse.compfs` / `mount.compfs` entry point that `mount -t fuse.compfs` and fstab
+/// use: `mount.fuse.compfs STORE MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]`.
+pub fn mount_helper(args: Vec<String>) -> Result<ExitCode> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.into_iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.push(it.next().ok_or_else(|| anyhow!("-o needs a value"))?),
+            "-t" | "-N" => {
+                it.next();
+            }
+            s if s.starts_with("-o") && s.len() > 2 => options.push(s[2..].to_string()),
+            // -s (sloppy), -f (fake), -n (no mtab), -v (verbose): nothing to do for FUSE.
+            s if s.starts_with('-') && s.len() > 1 => {
+                if s.contains('f') && !s.starts_with("--") {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            _ => positional.push(PathBuf::from(a)),
+        }
+    }
+    let [store, mountpoint]: [PathBuf; 2] = positional.try_into().map_err(|_| {
+        anyhow!("usage: mount.fuse.compfs STORE MOUNTPOINT [-o OPTIONS] (called by mount -t fuse.compfs)")
+    })?;
+    mount(MountArgs {
+        store,
+        mountpoint,
+        options,
+        foreground: false,
+        log: None,
+        notify_ready: false,
+    })
+}
+
+/// Reads an xattr of a path (not following a final symlink).
+fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let p = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let n = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    loop {
+        // SAFETY: valid C strings; a null buffer with size 0 asks for the length.
+        let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+        if len < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; len as usize];
+        // SAFETY: buf has buf.len() writable bytes.
+        let got =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if got >= 0 {
+            buf.truncate(got as usize);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        // The value grew between the two calls: ask again.
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
+    }
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let p = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let n = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C strings and a value slice of the given length.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn not_compfs(path: &Path, e: &std::io::Error) -> anyhow::Error {
+    match e.raw_os_error() {
+        Some(libc::ENOTSUP) | Some(libc::ENODATA) => anyhow!(
+            "{} is not on a mounted compfs filesystem (and is not a compfs store directory)",
+            path.display()
+        ),
+        Some(libc::EACCES) | Some(libc::EPERM) => anyhow!(
+            "{}: permission denied (usage is reported only for files you can read)",
+            path.display()
+        ),
+        _ => anyhow!("{}: {e}", path.display()),
+    }
+}
+
+/// `compfs usage`.
+pub fn usage(a: UsageArgs) -> Result<ExitCode> {
+    let mut total = UsageReport::default();
+    let mut seen: HashSet<(u64, u64)> = HashSet::new();
+    for path in &a.paths {
+        if Store::is_store(path) {
+            total.merge(&store_usage(path)?);
+            continue;
+        }
+        walk_usage(path, &mut seen, &mut total)?;
+    }
+    print!("{}", total.render(a.bytes));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Usage of a whole unmounted store: every regular file, each inode once.
+fn store_usage(dir: &Path) -> Result<UsageReport> {
+    let opts = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let store = Store::open(dir, &opts).map_err(|e| match e {
+        compfs_store::Error::InUse(_) => anyhow!(
+            "store {} is mounted; run `compfs usage` on its mount point instead",
+            dir.display()
+        ),
+        e => anyhow!("cannot open store {}: {e}", dir.display()),
+    })?;
+    // The store walks directories itself and counts each inode and extent once.
+    let u = store.usage(&[ROOT_INO])?;
+    store.close()?;
+    Ok(report_from_usage(&u))
+}
+
+/// Walks a path on a mount (without following symlinks or leaving the file system) and adds
+/// every regular file's `compfs.usage` record, each inode once.
+fn walk_usage(root: &Path, seen: &mut HashSet<(u64, u64)>, total: &mut UsageReport) -> Result<()> {
+    let md = std::fs::symlink_metadata(root).with_context(|| format!("{}", root.display()))?;
+    let dev = md.dev();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let md = std::fs::symlink_metadata(&p).with_context(|| format!("{}", p.display()))?;
+        if md.dev() != dev {
+            continue;
+        }
+        if md.is_dir() {
+            let rd = std::fs::read_dir(&p).with_context(|| format!("{}", p.display()))?;
+            for e in rd {
+                stack.push(e.with_context(|| format!("{}", p.display()))?.path());
+            }
+        } else if md.is_file() && seen.insert((md.dev(), md.ino())) {
+            let rec = get_xattr(&p, USAGE_XATTR).map_err(|e| not_compfs(&p, &e))?;
+            total.merge(&UsageReport::from_record(&rec)?);
+        }
+    }
+    Ok(())
+}
+
+/// `compfs property get|set`.
+pub fn property(c: PropertyCommand) -> Result<ExitCode> {
+    match c {
+        PropertyCommand::Get { path, name } => {
+            check_property(&name)?;
+            match get_xattr(&path, COMPRESSION_XATTR) {
+                Ok(v) => println!("compression={}", String::from_utf8_lossy(&v)),
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => return Err(not_compfs(&path, &e)),
+            }
+        }
+        PropertyCommand::Set { path, name, value } => {
+            check_property(&name)?;
+            if !value.is_empty() {
+                CodecSpec::parse(&value).map_err(|e| anyhow!("invalid compression: {e}"))?;
+            }
+            set_xattr(&path, COMPRESSION_XATTR, value.as_bytes()).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    anyhow!(
+                        "{}: compfs refused compression '{value}' (EINVAL)",
+                        path.display()
+                    )
+                } else {
+                    not_compfs(&path, &e)
+                }
+            })?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_property(name: &str) -> Result<()> {
+    if name != "compression" {
+        bail!("unknown property '{name}'; the only property is 'compression'");
+    }
+    Ok(())
+}
+
+/// `compfs stats`.
+pub fn stats(a: StatsArgs) -> Result<ExitCode> {
+    let rec = get_xattr(&a.mountpoint, STATS_XATTR).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENODATA) => anyhow!(
+            "{} is not the root of a mounted compfs filesystem",
+            a.mountpoint.display()
+        ),
+        _ => not_compfs(&a.mountpoint, &e),
+    })?;
+    print!("{}", StatsRecord::decode(&rec)?.render());
+    Ok(ExitCode::SUCCESS)
+}
