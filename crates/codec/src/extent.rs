@@ -63,7 +63,8 @@ pub enum RawReason {
     NoCompression,
     /// The heuristic predicted no gain; compression was not tried.
     Heuristic(Reason),
-    /// Compression was tried and did not save enough.
+    /// Compression was tried and did not save enough, or the extent is too small for any
+    /// compressed form to save enough (one sector or less under the one-sector rule).
     NotWorthIt,
 }
 
@@ -99,6 +100,10 @@ impl ExtentEncoder {
         if policy.spec.is_none() {
             return Ok(ExtentOutcome::Raw(RawReason::NoCompression));
         }
+        // Even a one-byte compressed form could not pass the rule: don't spend CPU finding out.
+        if !worth_it(src.len(), 1, policy.min_saving) {
+            return Ok(ExtentOutcome::Raw(RawReason::NotWorthIt));
+        }
         if policy.mode == Mode::Heuristic {
             let v = self.heuristic.decide(src);
             if !v.compress {
@@ -128,6 +133,27 @@ mod tests {
         assert!(worth_it(8192, 4096, s));
         assert!(worth_it(5000, 4000, s)); // 2 sectors -> 1 sector
         assert!(!worth_it(0, 0, s));
+    }
+
+    #[test]
+    fn one_sector_extents_are_not_compressed_at_all() {
+        let mut e = ExtentEncoder::new();
+        let zeros = vec![0u8; SECTOR];
+        let mut dst = Vec::new();
+        for mode in [Mode::Force, Mode::Heuristic] {
+            let p = ExtentPolicy::new(CodecSpec::default_for(Algorithm::Zstd), mode);
+            dst.clear();
+            assert_eq!(
+                e.encode(&p, &zeros, &mut dst).unwrap(),
+                ExtentOutcome::Raw(RawReason::NotWorthIt)
+            );
+            assert!(dst.is_empty(), "the compressor must not have run");
+            let two = vec![0u8; SECTOR + 1];
+            assert!(matches!(
+                e.encode(&p, &two, &mut dst).unwrap(),
+                ExtentOutcome::Compressed { .. }
+            ));
+        }
     }
 
     #[test]

@@ -45,6 +45,11 @@ pub enum Reason {
     TrialCompressible,
     /// compfs: btrfs's statistics said no and a trial LZ4 compression agreed.
     TrialIncompressible,
+    /// compfs: a quick 2 KiB sample looks like random bytes (already compressed or encrypted).
+    NearRandom,
+    /// compfs: btrfs's statistics said no, but the sample's Shannon entropy predicts that
+    /// entropy coding alone saves space (e.g. 12-bit samples stored in 16 bits).
+    EntropyModerate,
 }
 
 impl fmt::Display for Reason {
@@ -59,6 +64,8 @@ impl fmt::Display for Reason {
             Reason::EntropyHigh => "entropy-high",
             Reason::TrialCompressible => "trial-compressible",
             Reason::TrialIncompressible => "trial-incompressible",
+            Reason::NearRandom => "near-random",
+            Reason::EntropyModerate => "entropy-moderate",
         })
     }
 }
@@ -97,6 +104,12 @@ fn ilog2_w(n: u64) -> u32 {
 
 /// The btrfs heuristic over one range (normally one extent of at most 128 KiB).
 pub fn btrfs_heuristic(data: &[u8]) -> Verdict {
+    btrfs_core(data, &mut [0u32; 256]).0
+}
+
+/// btrfs_compress_heuristic(): the verdict and the sample length; `bucket` is left holding the
+/// sample's byte histogram (sorted, once the byte-set test has passed) for further tests.
+fn btrfs_core(data: &[u8], bucket: &mut [u32; 256]) -> (Verdict, usize) {
     let mut sample = [0u8; MAX_SAMPLE_SIZE];
     let mut len = 0usize;
     let mut off = 0usize;
@@ -108,16 +121,16 @@ pub fn btrfs_heuristic(data: &[u8]) -> Verdict {
     let sample = &sample[..len];
     if len == 0 {
         // Too small to sample: let the compressor decide, as btrfs does for tiny ranges.
-        return Verdict::yes(Reason::EntropyLow);
+        return (Verdict::yes(Reason::EntropyLow), 0);
     }
 
     // 1. Repeated pattern.
     let half = len / 2;
     if sample[..half] == sample[half..half * 2] {
-        return Verdict::yes(Reason::RepeatedPattern);
+        return (Verdict::yes(Reason::RepeatedPattern), len);
     }
 
-    let mut bucket = [0u32; 256];
+    bucket.fill(0);
     for &b in sample {
         bucket[b as usize] += 1;
     }
@@ -125,7 +138,7 @@ pub fn btrfs_heuristic(data: &[u8]) -> Verdict {
     // 2. Byte set size.
     let byte_set = bucket.iter().filter(|&&c| c > 0).count();
     if byte_set < BYTE_SET_THRESHOLD {
-        return Verdict::yes(Reason::ByteSetSmall);
+        return (Verdict::yes(Reason::ByteSetSmall), len);
     }
 
     // 3. Core set: fewest byte values covering 90% of the sample.
@@ -144,10 +157,10 @@ pub fn btrfs_heuristic(data: &[u8]) -> Verdict {
         }
     }
     if core <= BYTE_CORE_SET_LOW {
-        return Verdict::yes(Reason::CoreSetSmall);
+        return (Verdict::yes(Reason::CoreSetSmall), len);
     }
     if core >= BYTE_CORE_SET_HIGH {
-        return Verdict::no(Reason::CoreSetLarge);
+        return (Verdict::no(Reason::CoreSetLarge), len);
     }
 
     // 4. Shannon entropy as a percentage of 8 bits per byte, integer approximation.
@@ -160,27 +173,98 @@ pub fn btrfs_heuristic(data: &[u8]) -> Verdict {
     }
     entropy_sum /= len as u64;
     let entropy = (entropy_sum * 100 / entropy_max) as u32;
-    if entropy <= ENTROPY_LVL_ACEPTABLE {
+    let v = if entropy <= ENTROPY_LVL_ACEPTABLE {
         Verdict::yes(Reason::EntropyLow)
     } else if entropy < ENTROPY_LVL_HIGH {
         Verdict::yes(Reason::EntropyMedium)
     } else {
         Verdict::no(Reason::EntropyHigh)
-    }
+    };
+    (v, len)
 }
 
-/// compfs's heuristic: btrfs's statistics, then an LZ4 trial where they say no. Holds the trial's
-/// scratch buffer so deciding allocates nothing after the first call.
+/// `n * log2(n)` for n in 0..=MAX_SAMPLE_SIZE, so entropy costs one lookup per byte value.
+fn nlog2n() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Box<[f32]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=MAX_SAMPLE_SIZE)
+            .map(|n| {
+                if n == 0 {
+                    0.0
+                } else {
+                    (n as f64 * (n as f64).log2()) as f32
+                }
+            })
+            .collect()
+    })
+}
+
+/// Shannon entropy in bits per byte of a histogram over `n` bytes, with the Miller-Madow bias
+/// correction (+ (m - 1) / 2n ln 2 for m byte values seen) so that small samples of random data
+/// estimate close to 8 bits rather than below it.
+pub fn sample_entropy(bucket: &[u32; 256], n: usize) -> f32 {
+    if n == 0 || n > MAX_SAMPLE_SIZE {
+        return 0.0;
+    }
+    let t = nlog2n();
+    let mut sum = 0.0f32;
+    let mut seen = 0u32;
+    for &c in bucket {
+        sum += t[c as usize];
+        seen += (c > 0) as u32;
+    }
+    let nf = n as f32;
+    nf.log2() - sum / nf + (seen.max(1) - 1) as f32 / (2.0 * nf * std::f32::consts::LN_2)
+}
+
+/// Histogram of 16-byte reads every `stride` bytes, at most `max` bytes; returns bytes counted.
+fn sample_histogram(data: &[u8], stride: usize, max: usize, bucket: &mut [u32; 256]) -> usize {
+    bucket.fill(0);
+    let mut n = 0;
+    let mut off = 0;
+    while off + SAMPLING_READ_SIZE <= data.len() && n + SAMPLING_READ_SIZE <= max {
+        for &b in &data[off..off + SAMPLING_READ_SIZE] {
+            bucket[b as usize] += 1;
+        }
+        n += SAMPLING_READ_SIZE;
+        off += stride;
+    }
+    n
+}
+
+/// Quick look: 2 KiB of 16-byte samples spread over the extent.
+const QUICK_SAMPLE: usize = 2048;
+/// Bits per byte from which a quick sample counts as random. Random bytes estimate 8.00 +- 0.03;
+/// entropy coding needs about 7.75 bits or less to save the 3% (one sector in 32) an extent must
+/// save, and data with byte entropy this high rarely has LZ matches either.
+const NEAR_RANDOM_BITS: f32 = 7.9;
+/// At or below this many bits per byte (8 KiB sample), Huffman coding alone saves more than 8%,
+/// comfortably past the one-sector rule, so compress without a trial.
+const ENTROPY_COMPRESS_BITS: f32 = 7.3;
+/// The LZ4 trial covers this much of the extent, taken from its middle.
+const TRIAL_LEN: usize = 32 * 1024;
+/// The trial must save at least 1/TRIAL_MIN_SAVING_DIV of what it compressed (LZ4 saving a
+/// little usually means zstd saves more, enough for the one-sector rule).
+const TRIAL_MIN_SAVING_DIV: usize = 32;
+
+/// compfs's heuristic, the policy of compress (not compress-force) mode:
+///
+/// 1. a quick 2 KiB sample whose entropy is that of random bytes: store raw (costs ~1 us per
+///    128 KiB, a few percent of what zstd spends finding out the same);
+/// 2. btrfs's tests ([`btrfs_heuristic`]): if they say compress, compress;
+/// 3. where btrfs says no, an entropy estimate from the same 8 KiB sample: at most 7.3 bits per
+///    byte means entropy coding alone pays (btrfs rejects such data when the byte values are
+///    spread evenly, as in 16-bit images);
+/// 4. otherwise an LZ4 trial over 32 KiB from the middle of the extent catches structured binary
+///    data (databases, executables) that has high byte entropy but real repetition.
+///
+/// Holds the trial's scratch buffer and LZ4 state so deciding allocates nothing after the first
+/// call.
 #[derive(Debug, Default)]
 pub struct Heuristic {
     scratch: Vec<u8>,
     lz4: Option<crate::lz4::Lz4>,
 }
-
-/// The trial must save at least 1/TRIAL_MIN_SAVING_DIV of the input for the extent to be
-/// compressed with the real codec (LZ4 saving little usually means zstd saves a few percent, which
-/// still often passes the one-sector rule; 1/32 keeps the false-positive cost small).
-const TRIAL_MIN_SAVING_DIV: usize = 32;
 
 impl Heuristic {
     pub fn new() -> Heuristic {
@@ -189,11 +273,26 @@ impl Heuristic {
 
     /// Decide for one extent.
     pub fn decide(&mut self, data: &[u8]) -> Verdict {
-        let v = btrfs_heuristic(data);
+        let mut bucket = [0u32; 256];
+        // 1. Quick random check.
+        let stride = (data.len() / (QUICK_SAMPLE / SAMPLING_READ_SIZE)).max(SAMPLING_INTERVAL);
+        let n = sample_histogram(data, stride, QUICK_SAMPLE, &mut bucket);
+        if n >= QUICK_SAMPLE / 2 && sample_entropy(&bucket, n) >= NEAR_RANDOM_BITS {
+            return Verdict::no(Reason::NearRandom);
+        }
+        // 2. btrfs.
+        let (v, n) = btrfs_core(data, &mut bucket);
         if v.compress {
             return v;
         }
-        let bound = crate::lz4::compress_bound(data.len());
+        // 3. Entropy of btrfs's sample (bucket holds its histogram, sorted).
+        if sample_entropy(&bucket, n) <= ENTROPY_COMPRESS_BITS {
+            return Verdict::yes(Reason::EntropyModerate);
+        }
+        // 4. LZ4 trial on the middle of the extent.
+        let start = data.len().saturating_sub(TRIAL_LEN) / 2;
+        let part = &data[start..(start + TRIAL_LEN).min(data.len())];
+        let bound = crate::lz4::compress_bound(part.len());
         if self.scratch.len() < bound {
             self.scratch.resize(bound, 0);
         }
@@ -203,9 +302,9 @@ impl Heuristic {
         let trial = self
             .lz4
             .as_mut()
-            .and_then(|c| c.compress(data, &mut self.scratch));
+            .and_then(|c| c.compress(part, &mut self.scratch));
         match trial {
-            Some(n) if n + data.len() / TRIAL_MIN_SAVING_DIV <= data.len() => {
+            Some(z) if z + part.len() / TRIAL_MIN_SAVING_DIV <= part.len() => {
                 Verdict::yes(Reason::TrialCompressible)
             }
             _ => Verdict::no(Reason::TrialIncompressible),
@@ -266,14 +365,15 @@ mod tests {
         assert_eq!(v.reason, Reason::CoreSetLarge);
         let v = Heuristic::new().decide(&r);
         assert!(!v.compress);
-        assert_eq!(v.reason, Reason::TrialIncompressible);
+        assert_eq!(v.reason, Reason::NearRandom);
     }
 
     #[test]
     fn structured_binary_is_caught_by_the_trial() {
-        // Copies of 48-byte runs from a 16 KiB random dictionary at pseudo-random offsets: wide
-        // byte set, high byte entropy, no repeated halves, yet LZ-compressible.
-        let dict = random(16384, 7);
+        // Copies of 48-byte runs from a 16 KiB dictionary of 200 byte values at pseudo-random
+        // offsets: wide byte set, byte entropy 7.6 bits (too high for btrfs and for entropy
+        // coding to pay), no repeated halves, yet LZ-compressible.
+        let dict: Vec<u8> = random(16384, 7).iter().map(|b| b % 200).collect();
         let mut s = 12345u64;
         let mut data = Vec::new();
         while data.len() < 131072 {
@@ -289,6 +389,45 @@ mod tests {
         let v = Heuristic::new().decide(&data);
         assert!(v.compress);
         assert_eq!(v.reason, Reason::TrialCompressible);
+    }
+
+    #[test]
+    fn sixteen_bit_samples_pass_on_entropy() {
+        // 12-bit samples in little-endian 16-bit words, like x-ray: the low bytes are spread over
+        // all 256 values so btrfs's core-set test says no, but the high bytes take 16 values and
+        // the entropy is about 6 bits per byte.
+        let mut s = 5u64;
+        let d: Vec<u8> = (0..65536)
+            .flat_map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 20) as u16 & 0x0fff).to_le_bytes()
+            })
+            .collect();
+        assert!(!btrfs_heuristic(&d).compress);
+        let v = Heuristic::new().decide(&d);
+        assert_eq!(v, Verdict::yes(Reason::EntropyModerate));
+    }
+
+    #[test]
+    fn entropy_estimates() {
+        let mut b = [0u32; 256];
+        b[7] = 4096;
+        assert_eq!(sample_entropy(&b, 4096), 0.0);
+        let r = random(8192, 1);
+        let n = sample_histogram(&r, 16, 8192, &mut b);
+        assert_eq!(n, 8192);
+        let h = sample_entropy(&b, n);
+        assert!((7.95..=8.05).contains(&h), "{h}");
+        let n = sample_histogram(&r, 64, 2048, &mut b);
+        let h = sample_entropy(&b, n);
+        assert!((7.9..=8.1).contains(&h), "{h}");
+        // Two values equally likely: one bit.
+        let two: Vec<u8> = r.iter().map(|x| x & 1).collect();
+        let n = sample_histogram(&two, 16, 8192, &mut b);
+        assert!((sample_entropy(&b, n) - 1.0).abs() < 0.01);
+        assert_eq!(sample_entropy(&b, 0), 0.0);
     }
 
     #[test]

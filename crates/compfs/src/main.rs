@@ -39,6 +39,8 @@ enum Command {
 enum BenchCommand {
     /// Compress files in extent-sized blocks with every codec and level; print ratio and speed.
     Codecs(cmd::bench_codecs::Args),
+    /// Judge the compression heuristic: agreement with real outcomes, speed, ratio vs force mode.
+    Heuristic(cmd::bench_heuristic::Args),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(BenchCommand::Codecs(a)) => cmd::bench_codecs::run(a),
+        Command::Bench(BenchCommand::Heuristic(a)) => cmd::bench_heuristic::run(a),
         Command::Mount(a) => cmd::fs::mount(a),
         Command::Usage(a) => cmd::fs::usage(a),
         Command::Property(c) => cmd::fs::property(c),

@@ -1,6 +1,7 @@
 //! One module per command family.
 
 pub mod bench_codecs;
+pub mod bench_heuristic;
 pub mod fs;
 pub mod blk;
 pub mod util;
