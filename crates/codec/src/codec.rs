@@ -47,7 +47,9 @@ fn backend(algorithm: Algorithm, e: impl std::fmt::Display) -> CodecError {
 /// A per-thread compression context for every algorithm.
 pub struct Compressor {
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
-    zlib: Option<(i32, flate2::Compress)>,
+    /// One deflate stream per zlib level used (a level is fixed when a stream is created), so
+    /// alternating levels resets streams instead of reallocating them.
+    zlib: Vec<(i32, flate2::Compress)>,
     lzo: Option<crate::lzo::Lzo1x1>,
     lz4: Option<crate::lz4::Lz4>,
 }
@@ -56,7 +58,10 @@ impl std::fmt::Debug for Compressor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Compressor")
             .field("zstd_level", &self.zstd.as_ref().map(|z| z.0))
-            .field("zlib_level", &self.zlib.as_ref().map(|z| z.0))
+            .field(
+                "zlib_levels",
+                &self.zlib.iter().map(|z| z.0).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -72,7 +77,7 @@ impl Compressor {
     pub fn new() -> Compressor {
         Compressor {
             zstd: None,
-            zlib: None,
+            zlib: Vec::new(),
             lzo: None,
             lz4: None,
         }
@@ -138,16 +143,18 @@ impl Compressor {
             }
             Algorithm::Zlib => {
                 let level = spec.level();
-                let c = match &mut self.zlib {
-                    Some((l, c)) if *l == level => {
-                        c.reset();
-                        c
+                let i = match self.zlib.iter().position(|(l, _)| *l == level) {
+                    Some(i) => {
+                        self.zlib[i].1.reset();
+                        i
                     }
-                    slot => {
+                    None => {
                         let c = flate2::Compress::new(flate2::Compression::new(level as u32), true);
-                        &mut slot.insert((level, c)).1
+                        self.zlib.push((level, c));
+                        self.zlib.len() - 1
                     }
                 };
+                let c = &mut self.zlib[i].1;
                 let status = c
                     .compress_vec(src, dst, flate2::FlushCompress::Finish)
                     .map_err(|e| backend(algorithm, e))?;
