@@ -30,6 +30,13 @@ enum Command {
     Property(cmd::fs::PropertyCommand),
     /// Live statistics of a mounted compfs.
     Stats(cmd::fs::StatsArgs),
+    /// Create a store (refuses a non-empty directory or an existing store unless --force).
+    Mkfs(cmd::store::MkfsArgs),
+    /// Check a store: every metadata invariant and extent checksum (exit 0 clean, 1 corrected,
+    /// 4 errors left, 8 operational error).
+    Fsck(cmd::store::FsckArgs),
+    /// Reclaim space in a store: compact mostly-dead segments.
+    Gc(cmd::store::GcArgs),
     /// Compressed RAM block device (like zram) served over NBD.
     #[command(subcommand)]
     Blk(cmd::blk::Command),
@@ -39,6 +46,8 @@ enum Command {
 enum BenchCommand {
     /// Compress files in extent-sized blocks with every codec and level; print ratio and speed.
     Codecs(cmd::bench_codecs::Args),
+    /// The store: sequential write speed vs single-thread compression, GC, random 4K overwrites.
+    Store(cmd::store::BenchArgs),
     /// Judge the compression heuristic: agreement with real outcomes, speed, ratio vs force mode.
     Heuristic(cmd::bench_heuristic::Args),
 }
@@ -71,6 +80,10 @@ fn main() -> ExitCode {
         Command::Usage(a) => cmd::fs::usage(a),
         Command::Property(c) => cmd::fs::property(c),
         Command::Stats(a) => cmd::fs::stats(a),
+        Command::Mkfs(a) => cmd::store::mkfs(a),
+        Command::Fsck(a) => cmd::store::fsck_cmd(a),
+        Command::Gc(a) => cmd::store::gc(a),
+        Command::Bench(BenchCommand::Store(a)) => cmd::store::bench(a),
         Command::Blk(c) => cmd::blk::run(c),
     };
     match result {

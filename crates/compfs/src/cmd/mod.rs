@@ -4,4 +4,5 @@ pub mod bench_codecs;
 pub mod bench_heuristic;
 pub mod fs;
 pub mod blk;
+pub mod store;
 pub mod util;
