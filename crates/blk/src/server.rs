@@ -88,8 +88,8 @@ pub fn serve_connection<S: Conn>(
     let reader = stream
         .try_clone_conn()
         .map_err(|e| BlkError::io("socket clone", e))?;
-    let mut r = BufReader::with_capacity(128 * 1024, reader);
-    let mut w = BufWriter::with_capacity(128 * 1024, stream);
+    let mut r = BufReader::with_capacity(64 * 1024, reader);
+    let mut w = BufWriter::with_capacity(64 * 1024, stream);
     match nbd::handshake(&mut r, &mut w, export)? {
         Handshake::Closed => return Ok(()),
         Handshake::Transmission => {}
@@ -119,9 +119,20 @@ fn spawn_connection<S: Conn>(
                 tracing::info!("connection closed: {e}");
             }
             active.fetch_sub(1, Ordering::SeqCst);
+            release_free_memory();
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start connection thread: {e}");
+    }
+}
+
+/// Hands memory that the allocator holds but nobody uses (a closed connection's buffers, holes
+/// left by zspages that grew or were freed) back to the kernel, so resident memory tracks
+/// `mem_used_total`.
+pub fn release_free_memory() {
+    // SAFETY: malloc_trim only walks glibc's own arenas; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -171,9 +182,14 @@ pub fn control_command(store: &PageStore, line: &str) -> Result<Vec<String>, Blk
             ])
         }
         ["mark-idle"] => Ok(vec![format!("marked {}", store.mark_idle())]),
-        ["compact"] => Ok(vec![format!("compacted {}", store.compact())]),
+        ["compact"] => {
+            let n = store.compact();
+            release_free_memory();
+            Ok(vec![format!("compacted {n}")])
+        }
         ["reset"] => {
             store.reset();
+            release_free_memory();
             Ok(vec![])
         }
         ["recompress", kind, rest @ ..] if rest.len() <= 1 => {

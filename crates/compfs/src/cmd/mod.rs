@@ -1,5 +1,6 @@
 //! One module per command family.
 
+pub mod bench_blk;
 pub mod bench_codecs;
 pub mod bench_heuristic;
 pub mod fs;

@@ -1,0 +1,488 @@
+//! `compfs bench blk`: compfs blk against kernel zram (ratio, memory) and against nbdkit's
+//! uncompressed `memory` plugin (IOPS through the same fio nbd client, resident memory).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args as ClapArgs;
+use compfs_blk::server::{control_path, control_request};
+use compfs_blk::Stats;
+use serde::Serialize;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Data written to every device: a file, or a `.zst` file unpacked first (e.g. a tar).
+    #[arg(long)]
+    input: PathBuf,
+    /// compfs codecs to measure, comma-separated.
+    #[arg(long, default_value = "lzo,lz4,zstd:1,zstd:3,zstd:9")]
+    codecs: String,
+    /// Codec whose server also runs the fio jobs.
+    #[arg(long, default_value = "lz4")]
+    fio_codec: String,
+    /// Seconds per fio job.
+    #[arg(long, default_value = "5")]
+    runtime: u64,
+    /// Skip kernel zram (needs root and /dev/zram0).
+    #[arg(long)]
+    no_zram: bool,
+    /// Skip the fio throughput runs.
+    #[arg(long)]
+    no_fio: bool,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG plot of orig/mem per device here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+struct RatioRow {
+    device: String,
+    codec: String,
+    orig: u64,
+    compr: u64,
+    mem_used: u64,
+    orig_per_compr: f64,
+    orig_per_mem: f64,
+    mem_per_compr: f64,
+    /// Resident memory of the server process after the write (userspace devices only).
+    rss: Option<u64>,
+    write_mb_s: f64,
+}
+
+#[derive(Debug, Serialize, Clone)]
+struct FioRow {
+    device: String,
+    rw: String,
+    jobs: u32,
+    iops: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    input: String,
+    input_bytes: u64,
+    ratios: Vec<RatioRow>,
+    fio: Vec<FioRow>,
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn rss(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
+    Ok(kb * 1024)
+}
+
+fn wait_for(path: &Path) -> Result<()> {
+    let start = Instant::now();
+    while !path.exists() {
+        if start.elapsed() > Duration::from_secs(20) {
+            bail!("{} did not appear", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn check(cmd: &mut Command) -> Result<std::process::Output> {
+    let o = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?} (install it with scripts/deps.sh)"))?;
+    if !o.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(o)
+}
+
+/// Copies `input` onto the NBD export and returns MB/s.
+fn nbdcopy_in(input: &Path, uri: &str) -> Result<f64> {
+    let t = Instant::now();
+    check(Command::new("nbdcopy").arg(input).arg(uri))?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok(std::fs::metadata(input)?.len() as f64 / 1e6 / secs)
+}
+
+fn fio(target: &[String], rw: &str, jobs: u32, runtime: u64, size: u64) -> Result<f64> {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=blk",
+        &format!("--rw={rw}"),
+        "--bs=4k",
+        &format!("--numjobs={jobs}"),
+        "--group_reporting",
+        "--time_based",
+        &format!("--runtime={runtime}"),
+        &format!("--size={size}"),
+        "--iodepth=1",
+        "--buffer_compress_percentage=50",
+        "--refill_buffers",
+        "--randrepeat=0",
+        "--output-format=json",
+    ]);
+    c.args(target);
+    let o = check(&mut c)?;
+    // The nbd engine prints "fio: connected to NBD server" before the JSON.
+    let text = String::from_utf8_lossy(&o.stdout);
+    let json = text.find('{').map(|i| &text[i..]).unwrap_or("");
+    let v: serde_json::Value =
+        serde_json::from_str(json).with_context(|| "fio printed no JSON report")?;
+    let job = &v["jobs"][0];
+    let key = if rw.contains("read") { "read" } else { "write" };
+    job[key]["iops"]
+        .as_f64()
+        .ok_or_else(|| anyhow!("no IOPS in fio output"))
+}
+
+fn fio_all(
+    device: &str,
+    target: &[String],
+    a: &Args,
+    size: u64,
+    out: &mut Vec<FioRow>,
+) -> Result<()> {
+    for rw in ["randread", "randwrite"] {
+        for jobs in [1, 2] {
+            let iops = fio(target, rw, jobs, a.runtime, size)?;
+            eprintln!("  fio {device} {rw} jobs={jobs}: {iops:.0} IOPS");
+            out.push(FioRow {
+                device: device.into(),
+                rw: rw.into(),
+                jobs,
+                iops,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn row(device: &str, codec: &str, s: &Stats, rss: Option<u64>, mb_s: f64) -> RatioRow {
+    let r = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    RatioRow {
+        device: device.into(),
+        codec: codec.into(),
+        orig: s.orig_data_size,
+        compr: s.compr_data_size,
+        mem_used: s.mem_used_total,
+        orig_per_compr: r(s.orig_data_size, s.compr_data_size),
+        orig_per_mem: r(s.orig_data_size, s.mem_used_total),
+        mem_per_compr: r(s.mem_used_total, s.compr_data_size),
+        rss,
+        write_mb_s: mb_s,
+    }
+}
+
+fn compfs_run(
+    input: &Path,
+    dir: &Path,
+    codec: &str,
+    size: u64,
+    a: &Args,
+    fio_rows: &mut Vec<FioRow>,
+) -> Result<RatioRow> {
+    let sock = dir.join(format!("compfs-{}.sock", codec.replace(':', "-")));
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .args(["blk", "serve", "--size", &size.to_string(), "--algo", codec])
+        .arg("--socket")
+        .arg(&sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start compfs blk serve")?;
+    let p = Proc(child);
+    wait_for(&control_path(&sock))?;
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let mb_s = nbdcopy_in(input, &uri)?;
+    let lines = control_request(&control_path(&sock), "stat").map_err(|e| anyhow!("{e}"))?;
+    let get = |k: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap_or("")
+            .to_string()
+    };
+    let stats = Stats::parse(&get("mm_stat "), &get("io_stat "), &get("bd_stat "))
+        .ok_or_else(|| anyhow!("bad stat reply"))?;
+    let r = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
+    if !a.no_fio && codec == a.fio_codec {
+        fio_all(
+            &format!("compfs {codec}"),
+            &["--ioengine=nbd".into(), format!("--uri={uri}")],
+            a,
+            size,
+            fio_rows,
+        )?;
+    }
+    Ok(r)
+}
+
+fn nbdkit_run(
+    input: &Path,
+    dir: &Path,
+    size: u64,
+    a: &Args,
+    fio_rows: &mut Vec<FioRow>,
+) -> Result<RatioRow> {
+    let sock = dir.join("nbdkit.sock");
+    let child = Command::new("nbdkit")
+        .args(["-f", "-U"])
+        .arg(&sock)
+        .args(["memory", &format!("size={size}")])
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start nbdkit (install it with scripts/deps.sh)")?;
+    let p = Proc(child);
+    wait_for(&sock)?;
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let mb_s = nbdcopy_in(input, &uri)?;
+    let len = std::fs::metadata(input)?.len();
+    let rss = rss(p.0.id())?;
+    let stats = Stats {
+        orig_data_size: len,
+        compr_data_size: len,
+        mem_used_total: rss,
+        ..Stats::default()
+    };
+    let r = row("nbdkit memory", "none", &stats, Some(rss), mb_s);
+    if !a.no_fio {
+        fio_all(
+            "nbdkit memory",
+            &["--ioengine=nbd".into(), format!("--uri={uri}")],
+            a,
+            size,
+            fio_rows,
+        )?;
+    }
+    Ok(r)
+}
+
+const ZRAM: &str = "/sys/block/zram0";
+
+fn zram_write(name: &str, value: &str) -> Result<()> {
+    std::fs::write(format!("{ZRAM}/{name}"), value)
+        .with_context(|| format!("cannot write {value} to {ZRAM}/{name}"))
+}
+
+fn zram_run(
+    input: &Path,
+    alg: &str,
+    size: u64,
+    a: &Args,
+    fio_rows: &mut Vec<FioRow>,
+) -> Result<RatioRow> {
+    zram_write("reset", "1")?;
+    zram_write("comp_algorithm", alg)?;
+    zram_write("disksize", &size.to_string())?;
+    let t = Instant::now();
+    check(Command::new("dd").args([
+        &format!("if={}", input.display()),
+        "of=/dev/zram0",
+        "bs=1M",
+        "oflag=direct",
+        "status=none",
+    ]))?;
+    let mb_s = std::fs::metadata(input)?.len() as f64 / 1e6 / t.elapsed().as_secs_f64();
+    let mm = std::fs::read_to_string(format!("{ZRAM}/mm_stat"))?;
+    let stats = Stats::parse(mm.trim(), "0 0 0 0", "0 0 0")
+        .ok_or_else(|| anyhow!("cannot parse zram mm_stat '{mm}'"))?;
+    let r = row("kernel zram", alg, &stats, None, mb_s);
+    if !a.no_fio && alg == "lz4" {
+        fio_all(
+            "kernel zram lz4",
+            &[
+                "--ioengine=psync".into(),
+                "--direct=1".into(),
+                "--filename=/dev/zram0".into(),
+            ],
+            a,
+            size,
+            fio_rows,
+        )?;
+    }
+    zram_write("reset", "1")?;
+    Ok(r)
+}
+
+fn human_mb(b: u64) -> String {
+    format!("{:.1}", b as f64 / 1048576.0)
+}
+
+fn print_tables(rep: &Report) {
+    println!("input: {} ({} MiB)\n", rep.input, human_mb(rep.input_bytes));
+    println!(
+        "| device | codec | orig MiB | compr MiB | mem_used MiB | orig/compr | orig/mem | mem/compr | RSS MiB | write MB/s |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rep.ratios {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {:.0} |",
+            r.device,
+            r.codec,
+            human_mb(r.orig),
+            human_mb(r.compr),
+            human_mb(r.mem_used),
+            r.orig_per_compr,
+            r.orig_per_mem,
+            r.mem_per_compr,
+            r.rss.map(human_mb).unwrap_or_else(|| "-".into()),
+            r.write_mb_s
+        );
+    }
+    if !rep.fio.is_empty() {
+        println!("\n| device | job | jobs | IOPS |\n|---|---|---:|---:|");
+        for f in &rep.fio {
+            println!(
+                "| {} | {} 4k | {} | {:.0} |",
+                f.device, f.rw, f.jobs, f.iops
+            );
+        }
+    }
+}
+
+fn plot(rep: &Report, path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let n = rep.ratios.len().max(1);
+    let ymax = rep
+        .ratios
+        .iter()
+        .map(|r| r.orig_per_compr.max(r.orig_per_mem))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "compfs blk vs kernel zram: orig/compr (circles) and orig/mem_used (crosses)",
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(60)
+        .y_label_area_size(50)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)
+        .map_err(|e| anyhow!("{e}"))?;
+    let labels: Vec<String> = rep
+        .ratios
+        .iter()
+        .map(|r| format!("{} {}", r.device.replace("kernel ", ""), r.codec))
+        .collect();
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round() as usize;
+            labels.get(i).cloned().unwrap_or_default()
+        })
+        .y_desc("ratio")
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(
+            rep.ratios
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Circle::new((i as f64, r.orig_per_compr), 5, BLUE.filled())),
+        )
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(
+            rep.ratios
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Cross::new((i as f64, r.orig_per_mem), 6, RED.stroke_width(2))),
+        )
+        .map_err(|e| anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let dir = std::env::temp_dir().join(format!("compfs-bench-blk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(&a, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_in(a: &Args, dir: &Path) -> Result<ExitCode> {
+    let input = if a.input.extension().is_some_and(|e| e == "zst") {
+        let out = dir.join("input.bin");
+        let f = std::fs::File::create(&out)?;
+        let st = Command::new("zstd")
+            .arg("-dc")
+            .arg(&a.input)
+            .stdout(f)
+            .status()
+            .context("cannot run zstd to unpack the input")?;
+        if !st.success() {
+            bail!("zstd could not unpack {}", a.input.display());
+        }
+        out
+    } else {
+        a.input.clone()
+    };
+    let len = std::fs::metadata(&input)
+        .with_context(|| format!("cannot read {}", input.display()))?
+        .len();
+    let size = len.div_ceil(1 << 20) << 20;
+    let mut ratios = Vec::new();
+    let mut fio_rows = Vec::new();
+    for codec in a.codecs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        eprintln!("compfs blk {codec} ...");
+        ratios.push(compfs_run(&input, dir, codec, size, a, &mut fio_rows)?);
+    }
+    eprintln!("nbdkit memory ...");
+    match nbdkit_run(&input, dir, size, a, &mut fio_rows) {
+        Ok(r) => ratios.push(r),
+        Err(e) => eprintln!("compfs: skipping nbdkit: {e:#}"),
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !a.no_zram && root && Path::new(ZRAM).exists() {
+        let avail = std::fs::read_to_string(format!("{ZRAM}/comp_algorithm"))?;
+        for alg in ["lzo-rle", "lzo", "lz4", "zstd"] {
+            if avail
+                .split_whitespace()
+                .any(|w| w.trim_matches(|c| c == '[' || c == ']') == alg)
+            {
+                eprintln!("kernel zram {alg} ...");
+                ratios.push(zram_run(&input, alg, size, a, &mut fio_rows)?);
+            }
+        }
+    } else if !a.no_zram {
+        eprintln!("compfs: skipping kernel zram (needs root and /dev/zram0)");
+    }
+    let rep = Report {
+        input: a.input.display().to_string(),
+        input_bytes: len,
+        ratios,
+        fio: fio_rows,
+    };
+    print_tables(&rep);
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&rep)?)
+            .with_context(|| format!("cannot write {}", j.display()))?;
+    }
+    if let Some(s) = &a.svg {
+        plot(&rep, s)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
