@@ -280,3 +280,85 @@ fn xattrs_and_compression_property() {
     );
     assert_eq!(read_all(&s, f.ino), pattern(300_000, 3));
 }
+
+/// The frozen version-1 store in tests/fixtures/v1 must keep opening with its contents intact.
+/// (Generated once by `generate_v1_fixture`; never regenerate it for a new format version.)
+#[test]
+fn frozen_v1_fixture_opens() {
+    let src = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1"));
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("v1");
+    copy_dir(src, &dir);
+    let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let s = Store::open(&dir, &OpenOptions::default()).unwrap();
+    assert_eq!(s.superblock().version, 1);
+    assert_eq!(s.extent_size(), 16384);
+    let (want_text, want_rand) = fixture_data();
+    let a = s.lookup(ROOT_INO, b"text").unwrap();
+    assert_eq!(read_all(&s, a.ino), want_text);
+    assert_eq!(s.compression(a.ino).unwrap().unwrap().to_string(), "zstd:1");
+    let d = s.lookup(ROOT_INO, b"dir").unwrap();
+    let r = s.lookup(d.ino, b"random").unwrap();
+    assert_eq!(read_all(&s, r.ino), want_rand);
+    assert_eq!(s.getxattr(r.ino, b"user.note").unwrap(), b"v1");
+    let l = s.lookup(d.ino, b"link").unwrap();
+    assert_eq!(s.readlink(l.ino).unwrap(), b"../text");
+    let small = s.lookup(ROOT_INO, b"small").unwrap();
+    assert_eq!(read_all(&s, small.ino), b"inline data");
+    let h = s.lookup(ROOT_INO, b"hard").unwrap();
+    assert_eq!((h.ino, h.nlink), (a.ino, 2));
+    let u = s.usage(&[ROOT_INO]).unwrap();
+    assert_eq!((u.files, u.inline), (3, 1));
+    assert!(u.per_codec.contains_key("zstd") && u.per_codec.contains_key("none"), "{u:?}");
+}
+
+fn fixture_data() -> (Vec<u8>, Vec<u8>) {
+    let text = pattern(20_000, 11);
+    let mut x = 12345u64;
+    let rand: Vec<u8> = (0..9000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect();
+    (text, rand)
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+#[ignore = "run once to create tests/fixtures/v1; the fixture is frozen"]
+fn generate_v1_fixture() {
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1"));
+    assert!(!dir.exists(), "the fixture is frozen; do not regenerate it");
+    let opts = CreateOptions { extent_size: 16384, ..CreateOptions::default() };
+    let t = Tuning { flush_interval: None, ..Tuning::default() };
+    let s = Store::create_tuned(dir, &opts, t).unwrap();
+    let (text, rand) = fixture_data();
+    let a = s.mknod(ROOT_INO, b"text", FileKind::File, 0o644, 1000, 1000, 0).unwrap();
+    s.set_compression(a.ino, Some(CodecSpec::parse("zstd:1").unwrap().spec)).unwrap();
+    s.write(a.ino, 0, &text).unwrap();
+    let d = s.mkdir(ROOT_INO, b"dir", 0o755, 1000, 1000).unwrap();
+    let r = s.mknod(d.ino, b"random", FileKind::File, 0o600, 0, 0, 0).unwrap();
+    s.write(r.ino, 0, &rand).unwrap();
+    s.setxattr(r.ino, b"user.note", b"v1", XattrSet::Create).unwrap();
+    s.symlink(d.ino, b"link", b"../text", 0, 0).unwrap();
+    let sm = s.mknod(ROOT_INO, b"small", FileKind::File, 0o644, 0, 0, 0).unwrap();
+    s.write(sm.ino, 0, b"inline data").unwrap();
+    s.link(a.ino, ROOT_INO, b"hard").unwrap();
+    s.close().unwrap();
+}
