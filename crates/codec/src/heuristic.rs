@@ -232,7 +232,7 @@ fn sample_histogram(data: &[u8], stride: usize, max: usize, bucket: &mut [u32; 2
     n
 }
 
-/// Quick look: 2 KiB of 16-byte samples spread over the extent.
+/// Quick look: 2 KiB of 16-byte samples spread over the extent (128 reads).
 const QUICK_SAMPLE: usize = 2048;
 /// Bits per byte from which a quick sample counts as random. Random bytes estimate 8.00 +- 0.03;
 /// entropy coding needs about 7.75 bits or less to save the 3% (one sector in 32) an extent must
@@ -275,7 +275,9 @@ impl Heuristic {
     pub fn decide(&mut self, data: &[u8]) -> Verdict {
         let mut bucket = [0u32; 256];
         // 1. Quick random check.
-        let stride = (data.len() / (QUICK_SAMPLE / SAMPLING_READ_SIZE)).max(SAMPLING_INTERVAL);
+        // 128 reads spread over the extent; small extents are sampled more densely so that they
+        // get the same 2 KiB (the check costs less than compressing them by far either way).
+        let stride = (data.len() / (QUICK_SAMPLE / SAMPLING_READ_SIZE)).max(SAMPLING_READ_SIZE);
         let n = sample_histogram(data, stride, QUICK_SAMPLE, &mut bucket);
         if n >= QUICK_SAMPLE / 2 && sample_entropy(&bucket, n) >= NEAR_RANDOM_BITS {
             return Verdict::no(Reason::NearRandom);
