@@ -45,15 +45,17 @@ pub(crate) struct FileState {
 
 thread_local! {
     static DECOMPRESSOR: RefCell<Decompressor> = RefCell::new(Decompressor::new());
+    static ENCODER: RefCell<compfs_codec::ExtentEncoder> = RefCell::new(compfs_codec::ExtentEncoder::new());
 }
 
 enum Out {
     Hole,
     Inline(Inline),
+    /// `stored: None` = stored raw (the block itself).
     Extent {
         codec: u8,
         level: i8,
-        stored: Vec<u8>,
+        stored: Option<Vec<u8>>,
         reason: Option<RawReason>,
     },
 }
@@ -304,7 +306,7 @@ impl Inner {
     /// Flushes a file's buffered changes. On failure the store turns read-only and the buffer is
     /// kept, so reads keep returning what was written.
     pub(crate) fn flush_locked(&self, ino: Ino, st: &mut FileState, durable: bool) -> Result<()> {
-        let Some(d) = st.dirty.take() else {
+        let Some(mut d) = st.dirty.take() else {
             if durable {
                 self.check_writable()?;
                 return self.commit_durable();
@@ -315,17 +317,11 @@ impl Inner {
             st.dirty = Some(d);
             return Err(e);
         }
-        match self.flush_dirty(ino, &d, durable, None) {
-            Ok(()) => {
+        let blocks = d.blocks.len();
+        match self.flush_dirty(ino, &mut d, durable, None) {
+            Ok(()) | Err(Error::NotFound) => {
                 let e = self.sb.extent_size as usize;
-                self.dirty_bytes
-                    .fetch_sub(d.blocks.len() * e, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(Error::NotFound) => {
-                let e = self.sb.extent_size as usize;
-                self.dirty_bytes
-                    .fetch_sub(d.blocks.len() * e, Ordering::Relaxed);
+                self.dirty_bytes.fetch_sub(blocks * e, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
@@ -339,7 +335,7 @@ impl Inner {
     pub(crate) fn flush_dirty(
         &self,
         ino: Ino,
-        d: &Dirty,
+        d: &mut Dirty,
         durable: bool,
         policy_override: Option<ExtentPolicy>,
     ) -> Result<()> {
@@ -349,29 +345,38 @@ impl Inner {
             None => self.file_policy(ino)?,
         };
         let inline_ok = d.size <= self.sb.inline_max as u64;
-        let jobs: Vec<_> = d
+        let live: Vec<u64> = d
             .blocks
-            .iter()
-            .filter(|(&b, _)| b * e < d.size)
-            .map(|(&b, data)| {
-                let len = (d.size - b * e).min(e) as usize;
-                let src = data[..len].to_vec();
-                let inline = inline_ok && b == 0;
-                move |enc: &mut compfs_codec::ExtentEncoder| {
-                    encode_block(enc, &policy, b, src, inline)
-                }
-            })
+            .keys()
+            .copied()
+            .filter(|&b| b * e < d.size)
             .collect();
-        let encoded = if jobs.len() == 1 {
-            // One block: no hand-off to the pool needed.
-            let mut v = Vec::with_capacity(1);
-            for j in jobs {
-                v.push(j(&mut compfs_codec::ExtentEncoder::new()));
-            }
-            v
+        let mut jobs = Vec::with_capacity(live.len());
+        for b in live {
+            let Some(src) = d.blocks.remove(&b) else {
+                continue;
+            };
+            let len = (d.size - b * e).min(e) as usize;
+            let inline = inline_ok && b == 0;
+            jobs.push(move |enc: &mut compfs_codec::ExtentEncoder| {
+                let en = encode_block(enc, &policy, b, &src[..len], inline);
+                (en, src)
+            });
+        }
+        let results = if jobs.len() == 1 {
+            // One block: compress on this thread, no hand-off.
+            jobs.into_iter()
+                .map(|j| ENCODER.with(|enc| j(&mut enc.borrow_mut())))
+                .collect()
         } else {
             self.pool.map(jobs)
         };
+        // The buffer keeps every block until the commit succeeded.
+        let mut encoded = Vec::with_capacity(results.len());
+        for (en, src) in results {
+            d.blocks.insert(en.block, src);
+            encoded.push(en);
+        }
         // Lay out the extents of this flush back to back in one buffer.
         let mut buf = Vec::new();
         let mut placed = Vec::new(); // (encoded index, extent id, offset in buf, header)
@@ -388,6 +393,13 @@ impl Inner {
                     stored,
                     reason,
                 } => {
+                    let stored: &[u8] = match stored {
+                        Some(v) => v,
+                        None => match d.blocks.get(&en.block) {
+                            Some(b) => &b[..en.len],
+                            None => return Err(meta::corrupt("flushed block vanished")),
+                        },
+                    };
                     match reason {
                         None => {
                             c.compressed[*codec as usize % 5].fetch_add(1, Ordering::Relaxed);
@@ -419,12 +431,9 @@ impl Inner {
         let mut seg = None;
         if !buf.is_empty() {
             let (id, f, off) = self.append(&buf)?;
-            // Durability order: the extent bytes reach the disk before any metadata that
-            // references them commits.
-            if let Err(err) = f.sync_data() {
-                self.unpin(id);
-                return Err(Error::from_io(err));
-            }
+            // Durability order: these bytes are synced before any durable commit (which
+            // would make metadata referencing them durable): see `Inner::commit`.
+            self.mark_unsynced(id, f);
             seg = Some((id, off));
         }
         let res = self.commit_flush(ino, d, durable, &encoded, &placed, seg);
@@ -438,8 +447,9 @@ impl Inner {
         }
         for (i, id, _, _) in &placed {
             let en = &encoded[*i];
-            if let Some(block) = d.blocks.get(&en.block) {
-                cache.insert(*id, Arc::new(block[..en.len].to_vec()));
+            if let Some(mut block) = d.blocks.remove(&en.block) {
+                block.truncate(en.len);
+                cache.insert(*id, Arc::new(block));
             }
         }
         Ok(())
@@ -468,11 +478,10 @@ impl Inner {
                     rec.inline = None;
                 }
             }
-            let mut by_block: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-            if let Some((seg_id, base)) = seg {
-                for (i, id, off, _) in placed {
-                    by_block.insert(encoded[*i].block, (*id, base + off));
-                    let _ = seg_id;
+            let mut by_block: BTreeMap<u64, (u64, u64, ExtentHeader)> = BTreeMap::new();
+            if let Some((_, base)) = seg {
+                for (i, id, off, h) in placed {
+                    by_block.insert(encoded[*i].block, (*id, base + off, *h));
                 }
             }
             for en in encoded {
@@ -484,13 +493,8 @@ impl Inner {
                 match &en.out {
                     Out::Hole => {}
                     Out::Inline(i) => rec.inline = Some(i.clone()),
-                    Out::Extent {
-                        codec,
-                        level,
-                        stored,
-                        ..
-                    } => {
-                        let (Some((seg_id, _)), Some(&(id, seg_off))) =
+                    Out::Extent { .. } => {
+                        let (Some((seg_id, _)), Some(&(id, seg_off, h))) =
                             (seg, by_block.get(&en.block))
                         else {
                             return Err(meta::corrupt("flushed extent without a segment"));
@@ -498,11 +502,11 @@ impl Inner {
                         let xr = ExtentRec {
                             segment: seg_id,
                             seg_offset: seg_off,
-                            stored_len: stored.len() as u32,
-                            raw_len: en.len as u32,
-                            codec: *codec,
-                            level: *level,
-                            crc: crc32c::crc32c(stored),
+                            stored_len: h.stored_len,
+                            raw_len: h.raw_len,
+                            codec: h.codec,
+                            level: h.level,
+                            crc: h.crc,
                             refs: 0,
                             ino,
                         };
@@ -645,7 +649,7 @@ fn encode_block(
     enc: &mut compfs_codec::ExtentEncoder,
     policy: &ExtentPolicy,
     block: u64,
-    src: Vec<u8>,
+    src: &[u8],
     inline: bool,
 ) -> Encoded {
     let len = src.len();
@@ -659,7 +663,7 @@ fn encode_block(
     if inline {
         let mut dst = Vec::new();
         if !policy.spec.is_none() {
-            if let Ok(n) = enc.compressor.compress(policy.spec, &src, &mut dst) {
+            if let Ok(n) = enc.compressor.compress(policy.spec, src, &mut dst) {
                 if n < len {
                     dst.truncate(n);
                     return Encoded {
@@ -682,12 +686,12 @@ fn encode_block(
                 codec: 0,
                 level: 0,
                 raw_len: len as u32,
-                bytes: src,
+                bytes: src.to_vec(),
             }),
         };
     }
     let mut dst = Vec::new();
-    let outcome = match enc.encode(policy, &src, &mut dst) {
+    let outcome = match enc.encode(policy, src, &mut dst) {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!("compfs: compressor failed ({e}); storing extent raw");
@@ -700,14 +704,14 @@ fn encode_block(
             Out::Extent {
                 codec: policy.spec.algorithm().id(),
                 level: policy.spec.level() as i8,
-                stored: dst,
+                stored: Some(dst),
                 reason: None,
             }
         }
         ExtentOutcome::Raw(r) => Out::Extent {
             codec: 0,
             level: 0,
-            stored: src,
+            stored: None,
             reason: Some(r),
         },
     };
@@ -972,7 +976,7 @@ impl Store {
                     d.blocks.insert(b, v);
                 }
                 inner
-                    .flush_dirty(ino, &d, false, Some(pol))
+                    .flush_dirty(ino, &mut d, false, Some(pol))
                     .map_err(|er| inner.fail(er))?;
             }
             Ok(())

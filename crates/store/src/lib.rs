@@ -5,11 +5,13 @@
 //! appended to segment files; all metadata lives in a [redb] database. The on-disk format and the
 //! commit protocol are described in `docs/format.md` of the repository; the short version:
 //!
-//! * extent bytes are appended to a segment and the segment is `fdatasync`ed **before** the
-//!   metadata transaction that references them commits;
-//! * ordinary operations commit metadata with redb's non-durable commits; [`Store::fsync`],
-//!   [`Store::sync`], [`Store::close`] and the background flusher finish with a durable commit,
-//!   which makes everything acknowledged before it durable;
+//! * extent bytes are appended to a segment before the metadata transaction that references
+//!   them commits, and every segment with unsynced bytes is `fdatasync`ed **before** any
+//!   durable commit (inside its write lock), so durable metadata never references unsynced data;
+//! * ordinary operations commit metadata with redb's non-durable commits (rolled back by a
+//!   crash); [`Store::fsync`], [`Store::sync`], [`Store::close`] and the background flusher
+//!   (every 5 s) finish with a durable commit, which makes everything acknowledged before it
+//!   durable;
 //! * after any failed segment write, sync or commit the store turns read-only
 //!   ([`Error::ReadOnly`]) instead of guessing what reached the disk.
 //!

@@ -113,6 +113,8 @@ pub(crate) struct Inner {
     /// metadata snapshot to the end of their segment reads; GC deletes files under the write
     /// lock, so a reader never finds its segment gone.
     pub seg_barrier: RwLock<()>,
+    /// Segments with appended bytes not yet `fdatasync`ed.
+    pub unsynced: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
     pub seg_handles: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
     pub cache: Mutex<Lru>,
     pub pool: Pool,
@@ -411,6 +413,7 @@ impl Store {
                 pins: HashMap::new(),
             }),
             seg_barrier: RwLock::new(()),
+            unsynced: Mutex::new(HashMap::new()),
             seg_handles: Mutex::new(HashMap::new()),
             cache: Mutex::new(Lru::new(opts.cache_bytes)),
             pool: Pool::new(opts.threads)?,
@@ -613,8 +616,28 @@ impl Inner {
         Ok(txn)
     }
 
-    /// Commits; a failure latches read-only.
+    /// Notes that segment `id` has appended bytes not yet synced.
+    pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>) {
+        lock(&self.unsynced).entry(id).or_insert(f);
+    }
+
+    /// `fdatasync`s every segment with unsynced appended bytes.
+    pub(crate) fn sync_segments(&self) -> Result<()> {
+        let files: Vec<Arc<dyn SegFile>> = lock(&self.unsynced).drain().map(|(_, f)| f).collect();
+        for f in files {
+            f.sync_data().map_err(|e| self.fail(Error::from_io(e)))?;
+        }
+        Ok(())
+    }
+
+    /// Commits; a failure latches read-only. A durable commit first syncs every segment with
+    /// unsynced bytes: the transaction holds redb's write lock, so every earlier (non-durable)
+    /// commit that this one makes durable appended its bytes before now, and they are synced
+    /// before the metadata referencing them becomes durable.
     pub(crate) fn commit(&self, txn: redb::WriteTransaction, durable: bool) -> Result<()> {
+        if durable {
+            self.sync_segments()?;
+        }
         txn.commit().map_err(|e| self.fail(e.into()))?;
         if durable {
             *lock(&self.last_durable) = Instant::now();

@@ -310,7 +310,10 @@ fn frozen_v1_fixture_opens() {
     assert_eq!((h.ino, h.nlink), (a.ino, 2));
     let u = s.usage(&[ROOT_INO]).unwrap();
     assert_eq!((u.files, u.inline), (3, 1));
-    assert!(u.per_codec.contains_key("zstd") && u.per_codec.contains_key("none"), "{u:?}");
+    assert!(
+        u.per_codec.contains_key("zstd") && u.per_codec.contains_key("none"),
+        "{u:?}"
+    );
 }
 
 fn fixture_data() -> (Vec<u8>, Vec<u8>) {
@@ -345,19 +348,33 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 fn generate_v1_fixture() {
     let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1"));
     assert!(!dir.exists(), "the fixture is frozen; do not regenerate it");
-    let opts = CreateOptions { extent_size: 16384, ..CreateOptions::default() };
-    let t = Tuning { flush_interval: None, ..Tuning::default() };
+    let opts = CreateOptions {
+        extent_size: 16384,
+        ..CreateOptions::default()
+    };
+    let t = Tuning {
+        flush_interval: None,
+        ..Tuning::default()
+    };
     let s = Store::create_tuned(dir, &opts, t).unwrap();
     let (text, rand) = fixture_data();
-    let a = s.mknod(ROOT_INO, b"text", FileKind::File, 0o644, 1000, 1000, 0).unwrap();
-    s.set_compression(a.ino, Some(CodecSpec::parse("zstd:1").unwrap().spec)).unwrap();
+    let a = s
+        .mknod(ROOT_INO, b"text", FileKind::File, 0o644, 1000, 1000, 0)
+        .unwrap();
+    s.set_compression(a.ino, Some(CodecSpec::parse("zstd:1").unwrap().spec))
+        .unwrap();
     s.write(a.ino, 0, &text).unwrap();
     let d = s.mkdir(ROOT_INO, b"dir", 0o755, 1000, 1000).unwrap();
-    let r = s.mknod(d.ino, b"random", FileKind::File, 0o600, 0, 0, 0).unwrap();
+    let r = s
+        .mknod(d.ino, b"random", FileKind::File, 0o600, 0, 0, 0)
+        .unwrap();
     s.write(r.ino, 0, &rand).unwrap();
-    s.setxattr(r.ino, b"user.note", b"v1", XattrSet::Create).unwrap();
+    s.setxattr(r.ino, b"user.note", b"v1", XattrSet::Create)
+        .unwrap();
     s.symlink(d.ino, b"link", b"../text", 0, 0).unwrap();
-    let sm = s.mknod(ROOT_INO, b"small", FileKind::File, 0o644, 0, 0, 0).unwrap();
+    let sm = s
+        .mknod(ROOT_INO, b"small", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
     s.write(sm.ino, 0, b"inline data").unwrap();
     s.link(a.ino, ROOT_INO, b"hard").unwrap();
     s.close().unwrap();

@@ -70,11 +70,23 @@ impl Rng {
 /// The child: runs until killed (or 3000 operations). Log lines: `P name state` before an
 /// operation that may produce the state, `D name state` once the state is durable.
 fn child(dir: &Path, log: &Path, seed: u64) {
-    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
     let mut say = |line: String| {
         log.write_all(format!("{line}\n").as_bytes()).unwrap();
     };
-    let s = Store::open_tuned(dir, &OpenOptions { threads: 2, ..OpenOptions::default() }, child_tuning()).unwrap();
+    let s = Store::open_tuned(
+        dir,
+        &OpenOptions {
+            threads: 2,
+            ..OpenOptions::default()
+        },
+        child_tuning(),
+    )
+    .unwrap();
     let mut files: BTreeMap<String, (Ino, Vec<u8>)> = BTreeMap::new();
     for e in s.readdir(ROOT_INO, 0, 10_000).unwrap().into_iter().skip(2) {
         let name = String::from_utf8(e.name).unwrap();
@@ -114,7 +126,14 @@ fn child(dir: &Path, log: &Path, seed: u64) {
                 let size = rng.below(250_000) as usize;
                 data.resize(size, 0);
                 say(format!("P {}", fmt(&name, state_of(data))));
-                s.setattr(*ino, &SetAttr { size: Some(size as u64), ..Default::default() }).unwrap();
+                s.setattr(
+                    *ino,
+                    &SetAttr {
+                        size: Some(size as u64),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
             }
             6 => {
                 let (ino, data) = files.get_mut(&name).unwrap();
@@ -144,7 +163,9 @@ fn child(dir: &Path, log: &Path, seed: u64) {
                 let data = pattern(rng.below(5000) as usize, rng.next());
                 say(format!("P {}", fmt(&n, State::Content(0, hash(&[])))));
                 say(format!("P {}", fmt(&n, state_of(&data))));
-                let a = s.mknod(ROOT_INO, n.as_bytes(), FileKind::File, 0o644, 0, 0, 0).unwrap();
+                let a = s
+                    .mknod(ROOT_INO, n.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+                    .unwrap();
                 s.write(a.ino, 0, &data).unwrap();
                 s.fsync(a.ino, false).unwrap();
                 say(format!("D {}", fmt(&n, state_of(&data))));
@@ -169,7 +190,9 @@ fn child(dir: &Path, log: &Path, seed: u64) {
 #[test]
 #[ignore = "child process of crash_kill_points; run by the parent"]
 fn crash_child() {
-    let Ok(v) = std::env::var(CHILD_ENV) else { return };
+    let Ok(v) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let mut it = v.splitn(3, ';');
     let dir = it.next().unwrap().to_string();
     let log = it.next().unwrap().to_string();
@@ -186,7 +209,12 @@ fn parse_state(f: &[&str]) -> State {
 }
 
 /// Checks the reopened store against the child's log.
-fn verify(dir: &Path, log: &str, iter: u64, before: &BTreeMap<String, State>) -> BTreeMap<String, State> {
+fn verify(
+    dir: &Path,
+    log: &str,
+    iter: u64,
+    before: &BTreeMap<String, State>,
+) -> BTreeMap<String, State> {
     // name -> allowed states (the last durable one and every state possible after it)
     let mut allowed: BTreeMap<String, Vec<State>> =
         before.iter().map(|(k, v)| (k.clone(), vec![*v])).collect();
@@ -200,7 +228,10 @@ fn verify(dir: &Path, log: &str, iter: u64, before: &BTreeMap<String, State>) ->
             "D" => {
                 allowed.insert(f[1].to_string(), vec![st]);
             }
-            "P" => allowed.entry(f[1].to_string()).or_insert_with(|| vec![State::Gone]).push(st),
+            "P" => allowed
+                .entry(f[1].to_string())
+                .or_insert_with(|| vec![State::Gone])
+                .push(st),
             _ => {}
         }
     }
@@ -211,12 +242,19 @@ fn verify(dir: &Path, log: &str, iter: u64, before: &BTreeMap<String, State>) ->
         let data = read_all(&s, e.ino).unwrap_or_else(|err| panic!("iter {iter}: {name}: {err}"));
         let st = state_of(&data);
         let ok = allowed.get(&name).is_some_and(|v| v.contains(&st));
-        assert!(ok, "iter {iter}: {name} is {st:?}, allowed {:?}", allowed.get(&name));
+        assert!(
+            ok,
+            "iter {iter}: {name} is {st:?}, allowed {:?}",
+            allowed.get(&name)
+        );
         present.insert(name, st);
     }
     for (name, v) in &allowed {
         if !present.contains_key(name) {
-            assert!(v.contains(&State::Gone), "iter {iter}: {name} vanished; allowed {v:?}");
+            assert!(
+                v.contains(&State::Gone),
+                "iter {iter}: {name} vanished; allowed {v:?}"
+            );
         }
     }
     s.close().unwrap();
@@ -227,19 +265,33 @@ fn verify(dir: &Path, log: &str, iter: u64, before: &BTreeMap<String, State>) ->
 
 #[test]
 fn crash_kill_points() {
-    let iters: u64 = std::env::var("COMPFS_CRASH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let iters: u64 = std::env::var("COMPFS_CRASH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("s");
     {
         let s = create(&dir, 16384, tuning());
         for i in 0..3 {
-            let a = s.mknod(ROOT_INO, format!("f{i}").as_bytes(), FileKind::File, 0o644, 0, 0, 0).unwrap();
+            let a = s
+                .mknod(
+                    ROOT_INO,
+                    format!("f{i}").as_bytes(),
+                    FileKind::File,
+                    0o644,
+                    0,
+                    0,
+                    0,
+                )
+                .unwrap();
             s.write(a.ino, 0, &pattern(40_000, i)).unwrap();
         }
         s.close().unwrap();
     }
-    let mut known: BTreeMap<String, State> =
-        (0..3).map(|i| (format!("f{i}"), state_of(&pattern(40_000, i)))).collect();
+    let mut known: BTreeMap<String, State> = (0..3)
+        .map(|i| (format!("f{i}"), state_of(&pattern(40_000, i))))
+        .collect();
     known = verify(&dir, "", 0, &known);
     let exe = std::env::current_exe().unwrap();
     let mut rng = Rng(0x5eed);
@@ -247,8 +299,17 @@ fn crash_kill_points() {
     for it in 0..iters {
         let log = t.path().join(format!("log{it}"));
         let mut child = std::process::Command::new(&exe)
-            .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, format!("{};{};{}", dir.display(), log.display(), it))
+            .args([
+                "--exact",
+                "crash_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                CHILD_ENV,
+                format!("{};{};{}", dir.display(), log.display(), it),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -269,5 +330,8 @@ fn crash_kill_points() {
             known = verify(&dir, "", it, &known);
         }
     }
-    assert!(killed >= iters * 9 / 10, "only {killed} of {iters} children were still running when killed");
+    assert!(
+        killed >= iters * 9 / 10,
+        "only {killed} of {iters} children were still running when killed"
+    );
 }
