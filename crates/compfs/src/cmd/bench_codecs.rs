@@ -144,6 +144,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    print_header(args.vs_cli);
     let mut rows = Vec::with_capacity(specs.len());
     for spec in specs {
         bar.set_message(format!("{spec}"));
@@ -172,10 +173,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             },
             cli,
         });
+        if let Some(r) = rows.last() {
+            bar.suspend(|| println!("{}", format_row(r, args.vs_cli)));
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
-    print_table(&rows, args.vs_cli);
+    if args.vs_cli {
+        println!("ratio/, comp/, dec/: ours divided by the command-line tool's");
+    }
 
     let report = Report {
         files: args.files.iter().map(|p| p.display().to_string()).collect(),
@@ -197,7 +203,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_table(rows: &[Row], vs_cli: bool) {
+fn print_header(vs_cli: bool) {
     let mut head = format!(
         "{:<10} {:>7} {:>10} {:>10} {:>8} {:>8} {:>9}",
         "codec", "ratio", "comp MB/s", "dec MB/s", "cctx", "dctx", "btrfs ws"
@@ -209,38 +215,36 @@ fn print_table(rows: &[Row], vs_cli: bool) {
         );
     }
     println!("{head}");
-    for r in rows {
-        let mut line = format!(
-            "{:<10} {:>7.3} {:>10.1} {:>10.1} {:>8} {:>8} {:>9}",
-            r.codec,
-            r.ratio,
-            r.compress_mbs,
-            r.decompress_mbs,
-            human(r.cctx_bytes),
-            human(r.dctx_bytes),
-            r.btrfs_workspace_bytes.map(human).unwrap_or_default(),
-        );
-        if vs_cli {
-            match &r.cli {
-                Some(c) => {
-                    line += &format!(
-                        " | {:>7.3} {:>10.1} {:>10.1} | {:>7.4} {:>6.2} {:>6.2}",
-                        c.ratio,
-                        c.compress_mbs,
-                        c.decompress_mbs,
-                        r.ratio / c.ratio,
-                        r.compress_mbs / c.compress_mbs,
-                        r.decompress_mbs / c.decompress_mbs
-                    )
-                }
-                None => line += " | (no cli)",
-            }
-        }
-        println!("{line}");
-    }
+}
+
+fn format_row(r: &Row, vs_cli: bool) -> String {
+    let mut line = format!(
+        "{:<10} {:>7.3} {:>10.1} {:>10.1} {:>8} {:>8} {:>9}",
+        r.codec,
+        r.ratio,
+        r.compress_mbs,
+        r.decompress_mbs,
+        human(r.cctx_bytes),
+        human(r.dctx_bytes),
+        r.btrfs_workspace_bytes.map(human).unwrap_or_default(),
+    );
     if vs_cli {
-        println!("ratio/, comp/, dec/: ours divided by the command-line tool's");
+        match &r.cli {
+            Some(c) => {
+                line += &format!(
+                    " | {:>7.3} {:>10.1} {:>10.1} | {:>7.4} {:>6.2} {:>6.2}",
+                    c.ratio,
+                    c.compress_mbs,
+                    c.decompress_mbs,
+                    r.ratio / c.ratio,
+                    r.compress_mbs / c.compress_mbs,
+                    r.decompress_mbs / c.decompress_mbs
+                )
+            }
+            None => line += " | (no cli)",
+        }
     }
+    line
 }
 
 struct Measured {
