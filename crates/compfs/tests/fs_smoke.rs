@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod fs_common;
 use compfs_store::Mode;
 use fs_common::*;

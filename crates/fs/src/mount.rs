@@ -70,11 +70,22 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
     oo
 }
 
+/// `fuse.compfs` in /proc/mounts. fuser passes `Subtype` only to fusermount3; when root mounts
+/// directly with mount(2) it must go to the kernel as the `subtype=` option instead.
+fn subtype_option() -> MountOption {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        MountOption::CUSTOM("subtype=compfs".to_string())
+    } else {
+        MountOption::Subtype("compfs".to_string())
+    }
+}
+
 /// The fuser configuration of a mount.
 pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
     let mut opts = vec![
         MountOption::FSName(format!("compfs:{}", store_dir.display())),
-        MountOption::Subtype("compfs".to_string()),
+        subtype_option(),
         MountOption::DefaultPermissions,
         if o.read_only {
             MountOption::RO

@@ -35,7 +35,9 @@ pub struct MountArgs {
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
     #[arg(short = 'f', long)]
     pub foreground: bool,
-    /// Write the daemon's log here instead of inheriting stderr.
+    /// Where the detached daemon logs (corruption reports, errors) once the mount is ready.
+    /// Default: /var/log/compfs.log for root, nowhere for other users. With --foreground the
+    /// log goes to stderr unless this is given.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Internal: print "ready" on stdout once mounted (used by the detaching parent).
@@ -107,22 +109,47 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
         e => anyhow!("cannot open store {}: {e}", store_dir.display()),
     })?;
     let notify = a.notify_ready;
+    let log = a.log.clone();
     serve(store, &store_dir, &a.mountpoint, &opts, move || {
         if notify {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "ready");
             let _ = out.flush();
             // Stop holding the parent's pipe open.
-            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-                use std::os::fd::AsRawFd;
-                // SAFETY: dup2 onto fd 1 with a valid open fd.
-                unsafe {
-                    libc::dup2(null.as_raw_fd(), 1);
-                }
-            }
+            redirect_fd(1, Path::new("/dev/null"));
+        }
+        // From now on errors go to the log, not to the terminal (or pipe) that started us:
+        // `mount` and scripts reading its output must not wait for the daemon to exit.
+        if let Some(log) = &log {
+            redirect_fd(2, log);
         }
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Points `fd` at `path` (opened for appending, created if needed); keeps `fd` on failure.
+fn redirect_fd(fd: i32, path: &Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        // SAFETY: dup2 onto a standard descriptor with a valid open fd.
+        unsafe {
+            libc::dup2(f.as_raw_fd(), fd);
+        }
+    }
+}
+
+/// The detached daemon's default log.
+fn default_log() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/var/log/compfs.log")
+    } else {
+        PathBuf::from("/dev/null")
+    }
 }
 
 /// Starts `compfs mount --foreground` in a new session and returns once the mount is ready,
@@ -138,15 +165,14 @@ fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
     for o in &a.options {
         cmd.arg("-o").arg(o);
     }
+    let log = a.log.clone().unwrap_or_else(default_log);
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("cannot open log file {}", log.display()))?;
+    cmd.arg("--log").arg(&log);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    if let Some(log) = &a.log {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("cannot open log file {}", log.display()))?;
-        cmd.stderr(f);
-    }
     // SAFETY: setsid is async-signal-safe; detaches the daemon from the terminal's session.
     unsafe {
         cmd.pre_exec(|| {

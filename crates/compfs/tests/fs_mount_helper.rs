@@ -1,0 +1,191 @@
+//! `mount -t fuse.compfs STORE MNT -o ...`, fstab entries, and `umount`, through the
+//! `mount.fuse.compfs` helper (a link to the compfs binary), plus the detaching `compfs mount`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod fs_common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use compfs_store::Mode;
+use fs_common::*;
+
+/// Installs /sbin/mount.fuse.compfs -> the compfs binary under test for the guard's lifetime
+/// (mount(8) only looks in /sbin, /sbin/fs.d and /sbin/fs).
+struct Helper {
+    created: bool,
+}
+
+const HELPER: &str = "/sbin/mount.fuse.compfs";
+
+impl Helper {
+    fn install() -> Option<Helper> {
+        let p = Path::new(HELPER);
+        if let Ok(target) = fs::read_link(p) {
+            if target == Path::new(BIN) {
+                return Some(Helper { created: false });
+            }
+            eprintln!(
+                "SKIPPED: {HELPER} exists and points to {}",
+                target.display()
+            );
+            return None;
+        }
+        if p.exists() {
+            eprintln!("SKIPPED: {HELPER} exists and is not ours");
+            return None;
+        }
+        std::os::unix::fs::symlink(BIN, p).unwrap();
+        Some(Helper { created: true })
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if self.created {
+            let _ = fs::remove_file(HELPER);
+        }
+    }
+}
+
+/// Unmounts with umount(8) and waits until the detached daemon has released the store.
+fn umount_and_wait(mnt: &Path, store: &Path) {
+    let st = Command::new("umount").arg(mnt).status().unwrap();
+    assert!(st.success());
+    assert!(!is_mounted(mnt));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = compfs_store::OpenOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        match compfs_store::Store::open(store, &o) {
+            Ok(s) => {
+                s.close().unwrap();
+                return;
+            }
+            Err(compfs_store::Error::InUse(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("store not reopenable after umount: {e}"),
+        }
+    }
+}
+
+/// Unmounts whatever is left if an assertion fails.
+struct Cleanup<'a>(&'a Path);
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if is_mounted(self.0) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+}
+
+#[test]
+fn mount_t_fuse_compfs_fstab_and_umount() {
+    require_fuse!();
+    if Command::new("mount").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: mount(8) missing");
+        return;
+    }
+    let Some(_helper) = Helper::install() else {
+        return;
+    };
+    let t = TempDir::new("helper");
+    let store = t.path().join("store");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    mkstore(&store, "zstd:3", Mode::Heuristic, 128 << 10);
+    let _c = Cleanup(&mnt);
+
+    // mount -t fuse.compfs with btrfs options
+    let o = Command::new("mount")
+        .args(["-t", "fuse.compfs", "-o", "compress-force=zlib:1,noatime"])
+        .arg(&store)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "mount -t fuse.compfs: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(is_mounted(&mnt));
+    let line = fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.contains(mnt.to_str().unwrap()))
+        .unwrap()
+        .to_string();
+    assert!(line.contains("fuse.compfs"), "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "compfs:{}",
+            store.canonicalize().unwrap().display()
+        )),
+        "{line}"
+    );
+    let data = text_bytes(600 << 10, 5);
+    fs::write(mnt.join("f"), &data).unwrap();
+    let (ok, out, _) = compfs(&["usage", "-b", mnt.join("f").to_str().unwrap()]);
+    assert!(ok && out.lines().any(|l| l.starts_with("zlib ")), "{out}");
+    umount_and_wait(&mnt, &store);
+
+    // fstab entry (mount -T uses an alternative fstab file)
+    let fstab = t.path().join("fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "{} {} fuse.compfs compress=lzo,noauto,cache=16M 0 0\n",
+            store.display(),
+            mnt.display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new("mount")
+        .arg("-T")
+        .arg(&fstab)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "mount via fstab: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // everything written before umount is there
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), data);
+    fs::write(mnt.join("g"), text_bytes(300 << 10, 6)).unwrap();
+    let (ok, out, _) = compfs(&["usage", "-b", mnt.join("g").to_str().unwrap()]);
+    assert!(ok && out.lines().any(|l| l.starts_with("lzo ")), "{out}");
+    umount_and_wait(&mnt, &store);
+
+    // bad options fail the mount with a clear message and leave nothing mounted
+    let o = Command::new("mount")
+        .args(["-t", "fuse.compfs", "-o", "compress=brotli"])
+        .arg(&store)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("brotli"));
+    assert!(!is_mounted(&mnt));
+
+    // compfs mount without --foreground detaches once the mount is ready
+    let (ok, _, err) = compfs(&[
+        "mount",
+        store.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "-o",
+        "compress=zstd:1",
+    ]);
+    assert!(ok, "{err}");
+    assert!(is_mounted(&mnt));
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), data);
+    umount_and_wait(&mnt, &store);
+    // mounting a non-store fails clearly
+    let (ok, _, err) = compfs(&["mount", mnt.to_str().unwrap(), mnt.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a compfs store"), "{err}");
+}
