@@ -47,24 +47,36 @@ pub struct Args {
     pub files: Vec<PathBuf>,
 }
 
-/// Reads `paths` (directories recursively, in name order; symlinks and special files skipped)
-/// and appends their bytes to `out`.
-pub fn collect(paths: &[PathBuf], out: &mut Vec<u8>) -> Result<()> {
-    for p in paths {
-        let md =
-            std::fs::symlink_metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
-        if md.is_dir() {
-            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("cannot list {}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .collect();
-            entries.sort();
-            collect(&entries, out)?;
-        } else if md.is_file() {
-            out.extend_from_slice(
-                &std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
-            );
+/// Appends the regular files under `p` to `out`: `p` itself, or a directory's files recursively
+/// in name order (symlinks and special files skipped).
+pub fn list_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let md =
+        std::fs::symlink_metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
+    if md.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+            .with_context(|| format!("cannot list {}", p.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for e in entries {
+            list_files(&e, out)?;
         }
+    } else if md.is_file() {
+        out.push(p.to_path_buf());
+    }
+    Ok(())
+}
+
+/// Reads the files under `paths` (see [`list_files`]) and appends their bytes to `out`.
+pub fn collect(paths: &[PathBuf], out: &mut Vec<u8>) -> Result<()> {
+    let mut files = Vec::new();
+    for p in paths {
+        list_files(p, &mut files)?;
+    }
+    for f in files {
+        out.extend_from_slice(
+            &std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?,
+        );
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use compfs_codec::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::bench_codecs::collect;
+use super::bench_codecs::list_files;
 use super::util::{human, parse_size};
 
 #[derive(clap::Args, Debug)]
@@ -225,9 +225,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         list_files(p, &mut files)?;
         let mut datas = Vec::new();
         for f in files {
-            let mut d = Vec::new();
-            collect(std::slice::from_ref(&f), &mut d)?;
-            datas.push(d);
+            datas.push(std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?);
         }
         let name = p
             .file_name()
@@ -276,24 +274,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn list_files(p: &PathBuf, out: &mut Vec<PathBuf>) -> Result<()> {
-    let md =
-        std::fs::symlink_metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
-    if md.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-            .with_context(|| format!("cannot list {}", p.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        for e in entries {
-            list_files(&e, out)?;
-        }
-    } else if md.is_file() {
-        out.push(p.clone());
-    }
-    Ok(())
 }
 
 fn print_report(rows: &[Row], total: &Row, spec: CodecSpec, judge: CodecSpec, block: usize) {
