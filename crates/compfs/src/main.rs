@@ -61,6 +61,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser::session=error")),
         )
         .with_writer(std::io::stderr)
+        // No colour codes in log files (the mount daemon's --log) or pipes.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     // `mount -t fuse.compfs` and fstab run /sbin/mount.fuse.compfs (a link to this binary).
     let argv: Vec<String> = std::env::args().collect();

@@ -173,6 +173,8 @@ fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot open log file {}", log.display()))?;
     cmd.arg("--log").arg(&log);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    // The daemon's stderr becomes a log file once mounted: no colour codes.
+    cmd.env("NO_COLOR", "1");
     // SAFETY: setsid is async-signal-safe; detaches the daemon from the terminal's session.
     unsafe {
         cmd.pre_exec(|| {

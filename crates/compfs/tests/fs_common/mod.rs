@@ -98,6 +98,11 @@ pub struct Mount {
 impl Mount {
     /// Mounts `store` on `mnt` with `-o opts` and waits until the mount is usable.
     pub fn new(store: &Path, mnt: &Path, opts: &str) -> Mount {
+        Mount::with_args(store, mnt, opts, &[])
+    }
+
+    /// Like [`Mount::new`] with extra `compfs mount` arguments (e.g. `--log FILE`).
+    pub fn with_args(store: &Path, mnt: &Path, opts: &str, extra: &[&str]) -> Mount {
         std::fs::create_dir_all(mnt).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("mount")
@@ -108,6 +113,7 @@ impl Mount {
         if !opts.is_empty() {
             cmd.arg("-o").arg(opts);
         }
+        cmd.args(extra);
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
