@@ -25,6 +25,9 @@ pub struct Args {
     /// Seconds per fio job.
     #[arg(long, default_value = "5")]
     runtime: u64,
+    /// Repetitions of each fio job; devices alternate and the median is reported.
+    #[arg(long, default_value = "3")]
+    reps: u32,
     /// Skip kernel zram (needs root and /dev/zram0).
     #[arg(long)]
     no_zram: bool,
@@ -59,7 +62,9 @@ struct FioRow {
     device: String,
     rw: String,
     jobs: u32,
+    /// Median of `runs`.
     iops: f64,
+    runs: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -153,23 +158,36 @@ fn fio(target: &[String], rw: &str, jobs: u32, runtime: u64, size: u64) -> Resul
         .ok_or_else(|| anyhow!("no IOPS in fio output"))
 }
 
-fn fio_all(
-    device: &str,
-    target: &[String],
+/// Runs every fio job `reps` times on each target, alternating targets so a busy machine
+/// affects them alike, and records the medians.
+fn fio_interleaved(
+    targets: &[(String, Vec<String>)],
     a: &Args,
     size: u64,
     out: &mut Vec<FioRow>,
 ) -> Result<()> {
     for rw in ["randread", "randwrite"] {
         for jobs in [1, 2] {
-            let iops = fio(target, rw, jobs, a.runtime, size)?;
-            eprintln!("  fio {device} {rw} jobs={jobs}: {iops:.0} IOPS");
-            out.push(FioRow {
-                device: device.into(),
-                rw: rw.into(),
-                jobs,
-                iops,
-            });
+            let mut runs = vec![Vec::new(); targets.len()];
+            for _ in 0..a.reps.max(1) {
+                for (i, (_, args)) in targets.iter().enumerate() {
+                    runs[i].push(fio(args, rw, jobs, a.runtime, size)?);
+                }
+            }
+            for ((device, _), mut r) in targets.iter().zip(runs) {
+                let mut sorted = r.clone();
+                sorted.sort_by(f64::total_cmp);
+                let iops = sorted[sorted.len() / 2];
+                eprintln!("  fio {device} {rw} jobs={jobs}: {iops:.0} IOPS (runs {r:.0?})");
+                r.shrink_to_fit();
+                out.push(FioRow {
+                    device: device.clone(),
+                    rw: rw.into(),
+                    jobs,
+                    iops,
+                    runs: r,
+                });
+            }
         }
     }
     Ok(())
@@ -191,15 +209,17 @@ fn row(device: &str, codec: &str, s: &Stats, rss: Option<u64>, mb_s: f64) -> Rat
     }
 }
 
-fn compfs_run(
-    input: &Path,
-    dir: &Path,
-    codec: &str,
-    size: u64,
-    a: &Args,
-    fio_rows: &mut Vec<FioRow>,
-) -> Result<RatioRow> {
-    let sock = dir.join(format!("compfs-{}.sock", codec.replace(':', "-")));
+/// A started, filled server: its ratio row, the process (killed on drop) and its URI.
+struct Filled {
+    row: RatioRow,
+    _proc: Proc,
+    uri: String,
+}
+
+fn compfs_run(input: &Path, dir: &Path, codec: &str, size: u64) -> Result<Filled> {
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sock = dir.join(format!("compfs-{}-{n}.sock", codec.replace(':', "-")));
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .args(["blk", "serve", "--size", &size.to_string(), "--algo", codec])
@@ -222,27 +242,15 @@ fn compfs_run(
     };
     let stats = Stats::parse(&get("mm_stat "), &get("io_stat "), &get("bd_stat "))
         .ok_or_else(|| anyhow!("bad stat reply"))?;
-    let r = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
-    if !a.no_fio && codec == a.fio_codec {
-        fio_all(
-            &format!("compfs {codec}"),
-            &["--ioengine=nbd".into(), format!("--uri={uri}")],
-            a,
-            size,
-            fio_rows,
-        )?;
-    }
-    Ok(r)
+    let row = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
+    Ok(Filled { row, _proc: p, uri })
 }
 
-fn nbdkit_run(
-    input: &Path,
-    dir: &Path,
-    size: u64,
-    a: &Args,
-    fio_rows: &mut Vec<FioRow>,
-) -> Result<RatioRow> {
-    let sock = dir.join("nbdkit.sock");
+fn nbdkit_run(input: &Path, dir: &Path, size: u64) -> Result<Filled> {
+    // A killed nbdkit may leave its socket file behind: never reuse a name.
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sock = dir.join(format!("nbdkit-{n}.sock"));
     let child = Command::new("nbdkit")
         .args(["-f", "-U"])
         .arg(&sock)
@@ -262,17 +270,8 @@ fn nbdkit_run(
         mem_used_total: rss,
         ..Stats::default()
     };
-    let r = row("nbdkit memory", "none", &stats, Some(rss), mb_s);
-    if !a.no_fio {
-        fio_all(
-            "nbdkit memory",
-            &["--ioengine=nbd".into(), format!("--uri={uri}")],
-            a,
-            size,
-            fio_rows,
-        )?;
-    }
-    Ok(r)
+    let row = row("nbdkit memory", "none", &stats, Some(rss), mb_s);
+    Ok(Filled { row, _proc: p, uri })
 }
 
 const ZRAM: &str = "/sys/block/zram0";
@@ -306,17 +305,12 @@ fn zram_run(
         .ok_or_else(|| anyhow!("cannot parse zram mm_stat '{mm}'"))?;
     let r = row("kernel zram", alg, &stats, None, mb_s);
     if !a.no_fio && alg == "lz4" {
-        fio_all(
-            "kernel zram lz4",
-            &[
-                "--ioengine=psync".into(),
-                "--direct=1".into(),
-                "--filename=/dev/zram0".into(),
-            ],
-            a,
-            size,
-            fio_rows,
-        )?;
+        let target = vec![
+            "--ioengine=psync".to_string(),
+            "--direct=1".into(),
+            "--filename=/dev/zram0".into(),
+        ];
+        fio_interleaved(&[("kernel zram lz4".into(), target)], a, size, fio_rows)?;
     }
     zram_write("reset", "1")?;
     Ok(r)
@@ -348,11 +342,16 @@ fn print_tables(rep: &Report) {
         );
     }
     if !rep.fio.is_empty() {
-        println!("\n| device | job | jobs | IOPS |\n|---|---|---:|---:|");
+        println!("\n| device | job | jobs | IOPS (median) | runs |\n|---|---|---:|---:|---|");
         for f in &rep.fio {
+            let runs: Vec<String> = f.runs.iter().map(|r| format!("{r:.0}")).collect();
             println!(
-                "| {} | {} 4k | {} | {:.0} |",
-                f.device, f.rw, f.jobs, f.iops
+                "| {} | {} 4k | {} | {:.0} | {} |",
+                f.device,
+                f.rw,
+                f.jobs,
+                f.iops,
+                runs.join(" ")
             );
         }
     }
@@ -447,12 +446,31 @@ fn run_in(a: &Args, dir: &Path) -> Result<ExitCode> {
     let mut fio_rows = Vec::new();
     for codec in a.codecs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
         eprintln!("compfs blk {codec} ...");
-        ratios.push(compfs_run(&input, dir, codec, size, a, &mut fio_rows)?);
+        ratios.push(compfs_run(&input, dir, codec, size)?.row);
     }
     eprintln!("nbdkit memory ...");
-    match nbdkit_run(&input, dir, size, a, &mut fio_rows) {
-        Ok(r) => ratios.push(r),
+    match nbdkit_run(&input, dir, size) {
+        Ok(f) => ratios.push(f.row),
         Err(e) => eprintln!("compfs: skipping nbdkit: {e:#}"),
+    }
+    if !a.no_fio {
+        // Both servers run at once, filled with the input, and take turns.
+        eprintln!(
+            "fio: compfs {} and nbdkit memory, alternating ...",
+            a.fio_codec
+        );
+        let c = compfs_run(&input, dir, &a.fio_codec, size)?;
+        let n = nbdkit_run(&input, dir, size)?;
+        let nbd = |uri: &str| vec!["--ioengine=nbd".to_string(), format!("--uri={uri}")];
+        fio_interleaved(
+            &[
+                (format!("compfs {}", a.fio_codec), nbd(&c.uri)),
+                ("nbdkit memory".into(), nbd(&n.uri)),
+            ],
+            a,
+            size,
+            &mut fio_rows,
+        )?;
     }
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
