@@ -20,10 +20,28 @@ use crate::types::*;
 /// Largest file size (like `MAX_LFS_FILESIZE` on 64-bit Linux).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// What a flush commits besides its extents.
+pub(crate) struct FlushMeta {
+    pub size: u64,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub punch: Vec<(u64, u64)>,
+}
+
+/// A batch of blocks being compressed by the pool, to be committed by the next flush.
+pub(crate) struct Pending {
+    rx: std::sync::mpsc::Receiver<(usize, (Encoded, Arc<Vec<u8>>))>,
+    n: usize,
+    meta: FlushMeta,
+}
+
 /// Buffered, not yet flushed changes of one regular file.
 pub(crate) struct Dirty {
     /// Extent-sized blocks by index, each `extent_size` bytes (zeros past the end of file).
     pub blocks: BTreeMap<u64, Vec<u8>>,
+    /// Blocks of the batch being compressed (`pending`), readable until it is committed.
+    pub flying: BTreeMap<u64, Arc<Vec<u8>>>,
+    pub pending: Option<Pending>,
     /// Current file size.
     pub size: u64,
     /// File size in the metadata when buffering started: no persisted data lies beyond it.
@@ -166,6 +184,8 @@ impl Inner {
             }
             st.dirty = Some(Dirty {
                 blocks: BTreeMap::new(),
+                flying: BTreeMap::new(),
+                pending: None,
                 size: rec.size,
                 base_size: rec.size,
                 mtime: rec.mtime,
@@ -185,6 +205,12 @@ impl Inner {
             return Ok(());
         }
         let e = self.sb.extent_size as u64;
+        if let Some(a) = d.flying.get(&b) {
+            // Being compressed: start from its content (the batch commits it as it was).
+            d.blocks.insert(b, a.to_vec());
+            self.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut v = vec![0u8; e as usize];
         if !whole && b * e < d.base_size {
             let _g = self.seg_barrier.read();
@@ -317,6 +343,10 @@ impl Inner {
             st.dirty = Some(d);
             return Err(e);
         }
+        if let Err(e) = self.finish_pending(ino, &mut d) {
+            st.dirty = Some(d);
+            return Err(e);
+        }
         let blocks = d.blocks.len();
         match self.flush_dirty(ino, &mut d, durable, None) {
             Ok(()) | Err(Error::NotFound) => {
@@ -326,6 +356,88 @@ impl Inner {
             }
             Err(e) => {
                 st.dirty = Some(d);
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// Hands the buffered blocks to the compression pool without waiting (the writer goes on
+    /// filling new blocks meanwhile); the previous batch of this file is committed first.
+    pub(crate) fn start_async_flush(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+        self.finish_pending(ino, d)?;
+        if !d.punch.is_empty() {
+            return Ok(());
+        }
+        let e = self.sb.extent_size as u64;
+        let policy = self.file_policy(ino)?;
+        let inline_ok = d.size <= self.sb.inline_max as u64;
+        let ids: Vec<u64> = d
+            .blocks
+            .keys()
+            .copied()
+            .filter(|&b| b * e < d.size)
+            .collect();
+        let mut jobs = Vec::with_capacity(ids.len());
+        for b in ids {
+            let Some(v) = d.blocks.remove(&b) else {
+                continue;
+            };
+            let a = Arc::new(v);
+            d.flying.insert(b, a.clone());
+            let len = (d.size - b * e).min(e) as usize;
+            let inline = inline_ok && b == 0;
+            jobs.push(move |enc: &mut compfs_codec::ExtentEncoder| {
+                (encode_block(enc, &policy, b, &a[..len], inline), a)
+            });
+        }
+        let n = jobs.len();
+        let rx = self.pool.submit(jobs);
+        d.pending = Some(Pending {
+            rx,
+            n,
+            meta: FlushMeta {
+                size: d.size,
+                mtime: d.mtime,
+                ctime: d.ctime,
+                punch: Vec::new(),
+            },
+        });
+        Ok(())
+    }
+
+    /// Waits for and commits a batch started by [`Inner::start_async_flush`].
+    pub(crate) fn finish_pending(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+        let Some(p) = d.pending.take() else {
+            return Ok(());
+        };
+        let mut results = Vec::with_capacity(p.n);
+        while results.len() < p.n {
+            match p.rx.recv() {
+                Ok((_, r)) => results.push(r),
+                Err(_) => break,
+            }
+        }
+        let flown = d.flying.len();
+        let res = if results.len() < p.n {
+            Err(Error::Io(std::io::Error::other("compression worker lost")))
+        } else {
+            self.commit_encoded(ino, &p.meta, false, results)
+        };
+        match res {
+            Ok(()) | Err(Error::NotFound) => {
+                d.flying.clear();
+                d.base_size = d.base_size.max(p.meta.size);
+                self.dirty_bytes
+                    .fetch_sub(flown * self.sb.extent_size as usize, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // Keep the data readable: flying blocks go back to the buffer unless rewritten.
+                for (b, a) in std::mem::take(&mut d.flying) {
+                    d.blocks
+                        .entry(b)
+                        .or_insert_with(|| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+                }
                 Err(self.fail(e))
             }
         }
@@ -356,14 +468,14 @@ impl Inner {
             let Some(src) = d.blocks.remove(&b) else {
                 continue;
             };
+            let src = Arc::new(src);
             let len = (d.size - b * e).min(e) as usize;
             let inline = inline_ok && b == 0;
             jobs.push(move |enc: &mut compfs_codec::ExtentEncoder| {
-                let en = encode_block(enc, &policy, b, &src[..len], inline);
-                (en, src)
+                (encode_block(enc, &policy, b, &src[..len], inline), src)
             });
         }
-        let results = if jobs.len() == 1 {
+        let results: Vec<(Encoded, Arc<Vec<u8>>)> = if jobs.len() == 1 {
             // One block: compress on this thread, no hand-off.
             jobs.into_iter()
                 .map(|j| ENCODER.with(|enc| j(&mut enc.borrow_mut())))
@@ -371,10 +483,42 @@ impl Inner {
         } else {
             self.pool.map(jobs)
         };
-        // The buffer keeps every block until the commit succeeded.
+        let meta = FlushMeta {
+            size: d.size,
+            mtime: d.mtime,
+            ctime: d.ctime,
+            punch: std::mem::take(&mut d.punch),
+        };
+        let keep: Vec<(u64, Arc<Vec<u8>>)> = results
+            .iter()
+            .map(|(en, a)| (en.block, a.clone()))
+            .collect();
+        let res = self.commit_encoded(ino, &meta, durable, results);
+        if res.is_err() {
+            // The buffer keeps every block until a commit succeeded.
+            d.punch = meta.punch;
+            for (b, a) in keep {
+                d.blocks
+                    .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+            }
+        }
+        res
+    }
+
+    /// Appends encoded blocks to a segment and commits them (see the commit protocol in
+    /// docs/format.md).
+    fn commit_encoded(
+        &self,
+        ino: Ino,
+        meta: &FlushMeta,
+        durable: bool,
+        results: Vec<(Encoded, Arc<Vec<u8>>)>,
+    ) -> Result<()> {
+        let e = self.sb.extent_size as u64;
         let mut encoded = Vec::with_capacity(results.len());
-        for (en, src) in results {
-            d.blocks.insert(en.block, src);
+        let mut blocks: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
+        for (en, a) in results {
+            blocks.insert(en.block, a);
             encoded.push(en);
         }
         // Lay out the extents of this flush back to back in one buffer.
@@ -395,7 +539,7 @@ impl Inner {
                 } => {
                     let stored: &[u8] = match stored {
                         Some(v) => v,
-                        None => match d.blocks.get(&en.block) {
+                        None => match blocks.get(&en.block) {
                             Some(b) => &b[..en.len],
                             None => return Err(meta::corrupt("flushed block vanished")),
                         },
@@ -436,7 +580,7 @@ impl Inner {
             self.mark_unsynced(id, f);
             seg = Some((id, off));
         }
-        let res = self.commit_flush(ino, d, durable, &encoded, &placed, seg);
+        let res = self.commit_flush(ino, meta, durable, &encoded, &placed, seg);
         if let Some((id, _)) = seg {
             self.unpin(id);
         }
@@ -446,10 +590,8 @@ impl Inner {
             cache.remove(id);
         }
         for (i, id, _, _) in &placed {
-            let en = &encoded[*i];
-            if let Some(mut block) = d.blocks.remove(&en.block) {
-                block.truncate(en.len);
-                cache.insert(*id, Arc::new(block));
+            if let Some(block) = blocks.remove(&encoded[*i].block) {
+                cache.insert(*id, block);
             }
         }
         Ok(())
@@ -458,7 +600,7 @@ impl Inner {
     fn commit_flush(
         &self,
         ino: Ino,
-        d: &Dirty,
+        d: &FlushMeta,
         durable: bool,
         encoded: &[Encoded],
         placed: &[(usize, u64, u64, ExtentHeader)],
@@ -784,8 +926,10 @@ impl Store {
             d.mtime = now;
             d.ctime = now;
             let many = d.blocks.len() >= inner.tuning.flush_blocks.max(2 * inner.pool.threads);
-            if many || inner.dirty_bytes.load(Ordering::Relaxed) > inner.tuning.dirty_limit {
+            if inner.dirty_bytes.load(Ordering::Relaxed) > inner.tuning.dirty_limit {
                 inner.flush_locked(ino, st, false)?;
+            } else if many {
+                inner.start_async_flush(ino, d)?;
             }
             inner
                 .counters
@@ -962,6 +1106,8 @@ impl Store {
             for chunk in list.chunks(inner.tuning.flush_blocks.max(2)) {
                 let mut d = Dirty {
                     blocks: BTreeMap::new(),
+                    flying: BTreeMap::new(),
+                    pending: None,
                     size,
                     base_size: size,
                     mtime: rec.mtime,
@@ -1065,6 +1211,8 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
         let k = ((end - pos) as usize).min(e as usize - s);
         let out = &mut buf[(pos - offset) as usize..(pos - offset) as usize + k];
         if let Some(v) = d.blocks.get(&b) {
+            out.copy_from_slice(&v[s..s + k]);
+        } else if let Some(v) = d.flying.get(&b) {
             out.copy_from_slice(&v[s..s + k]);
         } else if pos >= d.base_size {
             out.fill(0);

@@ -66,7 +66,17 @@ impl Inner {
         rep.bytes_before = files.values().sum();
         let segs = self.segment_table()?;
         let (active, pinned) = {
-            let w = lock(&self.seg);
+            let mut w = lock(&self.seg);
+            // Seal the active segment when it is itself mostly garbage (after overwrites);
+            // the next append starts a new one.
+            if let Some(s) = segs.get(&w.id) {
+                let idle = !w.pins.contains_key(&w.id);
+                if w.file.is_some() && idle && s.len > 0 && s.live as f64 <= max_live * s.len as f64
+                {
+                    w.file = None;
+                    w.id = 0;
+                }
+            }
             (w.id, w.pins.keys().copied().collect::<Vec<_>>())
         };
         let busy = |id: u64| id == active || pinned.contains(&id);

@@ -98,7 +98,7 @@ impl Inner {
             if let Ok(mut g) = f.try_lock() {
                 if let Some(d) = g.dirty.take() {
                     self.dirty_bytes.fetch_sub(
-                        d.blocks.len() * self.sb.extent_size as usize,
+                        (d.blocks.len() + d.flying.len()) * self.sb.extent_size as usize,
                         Ordering::Relaxed,
                     );
                 }
@@ -646,7 +646,7 @@ impl Store {
             if orphan {
                 if let Some(d) = st.dirty.take() {
                     inner.dirty_bytes.fetch_sub(
-                        d.blocks.len() * inner.sb.extent_size as usize,
+                        (d.blocks.len() + d.flying.len()) * inner.sb.extent_size as usize,
                         Ordering::Relaxed,
                     );
                 }

@@ -56,8 +56,23 @@ impl Pool {
         F: FnOnce(&mut ExtentEncoder) -> T + Send + 'static,
     {
         let n = jobs.len();
-        let (rtx, rrx) = channel::<(usize, T)>();
+        let rrx = self.submit(jobs);
         let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        while let Ok((i, t)) = rrx.recv() {
+            results[i] = Some(t);
+        }
+        // Every job sends exactly once before its sender clone drops, and recv() only fails
+        // after all clones dropped, so every slot is filled.
+        results.into_iter().flatten().collect()
+    }
+
+    /// Queues every job and returns the channel their `(index, result)` pairs arrive on.
+    pub(crate) fn submit<T, F>(&self, jobs: Vec<F>) -> Receiver<(usize, T)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut ExtentEncoder) -> T + Send + 'static,
+    {
+        let (rtx, rrx) = channel::<(usize, T)>();
         let sender = self.tx.lock().ok().and_then(|g| g.clone());
         for (i, f) in jobs.into_iter().enumerate() {
             let rtx = rtx.clone();
@@ -73,12 +88,7 @@ impl Pool {
             }
         }
         drop(rtx);
-        while let Ok((i, t)) = rrx.recv() {
-            results[i] = Some(t);
-        }
-        // Every job sends exactly once before its sender clone drops, and recv() only fails
-        // after all clones dropped, so every slot is filled.
-        results.into_iter().flatten().collect()
+        rrx
     }
 
     pub(crate) fn shutdown(&self) {

@@ -160,6 +160,9 @@ pub struct BenchArgs {
     /// Where to create the stores (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Copies of the corpus written (under different names) in the sequential test.
+    #[arg(long, default_value_t = 3)]
+    pub copies: usize,
     /// Size of the file for random 4 KiB overwrites.
     #[arg(long, default_value = "256M")]
     pub random_file: String,
@@ -180,6 +183,7 @@ struct SeqResult {
     input_bytes: u64,
     single_thread_mb_s: f64,
     store_write_mb_s: f64,
+    store_write_no_sync_mb_s: f64,
     speedup: f64,
     ratio: f64,
 }
@@ -245,11 +249,16 @@ fn load_corpus(p: &Path, tmp: &Path) -> Result<Vec<(String, Vec<u8>)>> {
     let mut todo = vec![root];
     while let Some(d) = todo.pop() {
         if d.is_dir() {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(&d)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&d)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
             v.sort();
             todo.extend(v.into_iter().rev());
         } else if d.is_file() {
-            let name = d.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            let name = d
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
             files.push((name, std::fs::read(&d)?));
         }
     }
@@ -272,14 +281,22 @@ fn bench_tuning() -> Tuning {
 }
 
 /// Writes every corpus file through the store in 128 KiB writes (as FUSE delivers them), then
-/// syncs. Returns the elapsed time.
-fn write_corpus(s: &Store, files: &[(String, Vec<u8>)], prefix: &str) -> Result<Duration> {
+/// syncs. Returns the elapsed times until the last write returned and until the sync returned.
+fn write_corpus(
+    s: &Store,
+    files: &[(String, Vec<u8>)],
+    prefix: &str,
+) -> Result<(Duration, Duration)> {
     let t = Instant::now();
     for (name, data) in files {
         let n = format!("{prefix}{name}");
         let ino = match s.lookup(ROOT_INO, n.as_bytes()) {
             Ok(a) => a.ino,
-            Err(_) => s.mknod(ROOT_INO, n.as_bytes(), FileKind::File, 0o644, 0, 0, 0).map_err(se)?.ino,
+            Err(_) => {
+                s.mknod(ROOT_INO, n.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+                    .map_err(se)?
+                    .ino
+            }
         };
         s.open_file(ino).map_err(se)?;
         for (i, c) in data.chunks(128 << 10).enumerate() {
@@ -287,8 +304,9 @@ fn write_corpus(s: &Store, files: &[(String, Vec<u8>)], prefix: &str) -> Result<
         }
         s.release(ino).map_err(se)?;
     }
+    let written = t.elapsed();
     s.sync().map_err(se)?;
-    Ok(t.elapsed())
+    Ok((written, t.elapsed()))
 }
 
 fn single_thread(spec: CodecSpec, files: &[(String, Vec<u8>)]) -> Result<f64> {
@@ -301,7 +319,8 @@ fn single_thread(spec: CodecSpec, files: &[(String, Vec<u8>)]) -> Result<f64> {
         let t = Instant::now();
         for (_, d) in files {
             for b in d.chunks(128 << 10) {
-                c.compress(spec, b, &mut dst).map_err(|e| anyhow::anyhow!("{e}"))?;
+                c.compress(spec, b, &mut dst)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
             }
         }
         best = best.min(t.elapsed().as_secs_f64());
@@ -310,39 +329,86 @@ fn single_thread(spec: CodecSpec, files: &[(String, Vec<u8>)]) -> Result<f64> {
 }
 
 pub fn bench(a: BenchArgs) -> Result<ExitCode> {
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    });
     let base = match &a.dir {
         Some(d) => TempDir(d.join(format!("compfs-bench-{}", std::process::id())), true),
-        None => TempDir(std::env::temp_dir().join(format!("compfs-bench-store-{}", std::process::id())), true),
+        None => TempDir(
+            std::env::temp_dir().join(format!("compfs-bench-store-{}", std::process::id())),
+            true,
+        ),
     };
     std::fs::create_dir_all(&base.0)?;
     let files = load_corpus(&a.corpus, &base.0)?;
     let total: u64 = files.iter().map(|f| f.1.len() as u64).sum();
-    println!("corpus: {} files, {}; {} compression threads", files.len(), human(total), threads);
-    let mut rep = Report { threads, ..Report::default() };
-    let oo = OpenOptions { threads, ..OpenOptions::default() };
+    println!(
+        "corpus: {} files, {}; {} compression threads",
+        files.len(),
+        human(total),
+        threads
+    );
+    let mut rep = Report {
+        threads,
+        ..Report::default()
+    };
+    let oo = OpenOptions {
+        threads,
+        ..OpenOptions::default()
+    };
 
-    println!("\nsequential write through the store API (128 KiB writes, then sync), compress-force:");
-    println!("{:<8} {:>14} {:>14} {:>8} {:>7}", "spec", "1-thread MB/s", "store MB/s", "speedup", "ratio");
+    println!(
+        "\nsequential write through the store API (128 KiB writes, then sync), compress-force:"
+    );
+    println!(
+        "{:<8} {:>14} {:>14} {:>14} {:>9} {:>7}",
+        "spec", "1-thread MB/s", "writes MB/s", "+sync MB/s", "speedup", "ratio"
+    );
     for l in a.levels.split(',') {
         let sp = spec(l)?;
         let st = single_thread(sp, &files)?;
         let dir = base.0.join(format!("seq-{sp}"));
-        let s = Store::create_tuned(&dir, &CreateOptions { compression: sp, mode: Mode::Force, ..CreateOptions::default() }, bench_tuning()).map_err(se)?;
+        let s = Store::create_tuned(
+            &dir,
+            &CreateOptions {
+                compression: sp,
+                mode: Mode::Force,
+                ..CreateOptions::default()
+            },
+            bench_tuning(),
+        )
+        .map_err(se)?;
         s.close().map_err(se)?;
         let s = Store::open_tuned(&dir, &oo, bench_tuning()).map_err(se)?;
-        let el = write_corpus(&s, &files, "")?;
+        let (mut w, mut el) = (Duration::ZERO, Duration::ZERO);
+        for c in 0..a.copies {
+            let (a, b) = write_corpus(&s, &files, &format!("{c}-"))?;
+            w += a;
+            el += b;
+        }
         let u = s.usage(&[ROOT_INO]).map_err(se)?;
         s.close().map_err(se)?;
+        let bytes = total * a.copies as u64;
         let r = SeqResult {
             spec: sp.to_string(),
-            input_bytes: total,
+            input_bytes: bytes,
             single_thread_mb_s: st,
-            store_write_mb_s: mb_s(total, el),
-            speedup: mb_s(total, el) / st,
+            store_write_mb_s: mb_s(bytes, el),
+            store_write_no_sync_mb_s: mb_s(bytes, w),
+            speedup: mb_s(bytes, el) / st,
             ratio: u.total.referenced as f64 / u.total.disk.max(1) as f64,
         };
-        println!("{:<8} {:>14.1} {:>14.1} {:>7.2}x {:>7.3}", r.spec, r.single_thread_mb_s, r.store_write_mb_s, r.speedup, r.ratio);
+        println!(
+            "{:<8} {:>14.1} {:>14.1} {:>14.1} {:>8.2}x {:>7.3}",
+            r.spec,
+            r.single_thread_mb_s,
+            r.store_write_no_sync_mb_s,
+            r.store_write_mb_s,
+            r.speedup,
+            r.ratio
+        );
         rep.sequential.push(r);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -351,7 +417,19 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     {
         let dir = base.0.join("gc");
         let sp = spec("zstd:1")?;
-        let s = Store::create_tuned(&dir, &CreateOptions { compression: sp, mode: Mode::Force, ..CreateOptions::default() }, Tuning { flush_interval: None, ..bench_tuning() }).map_err(se)?;
+        let s = Store::create_tuned(
+            &dir,
+            &CreateOptions {
+                compression: sp,
+                mode: Mode::Force,
+                ..CreateOptions::default()
+            },
+            Tuning {
+                flush_interval: None,
+                ..bench_tuning()
+            },
+        )
+        .map_err(se)?;
         for _ in 0..4 {
             write_corpus(&s, &files, "")?;
         }
@@ -384,7 +462,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         let s = Store::create_tuned(&dir, &CreateOptions::default(), bench_tuning()).map_err(se)?;
         s.close().map_err(se)?;
         let s = Store::open_tuned(&dir, &oo, bench_tuning()).map_err(se)?;
-        let ino = s.mknod(ROOT_INO, b"big", FileKind::File, 0o644, 0, 0, 0).map_err(se)?.ino;
+        let ino = s
+            .mknod(ROOT_INO, b"big", FileKind::File, 0o644, 0, 0, 0)
+            .map_err(se)?
+            .ino;
         let mut off = 0u64;
         'fill: loop {
             for (_, d) in &files {
