@@ -20,6 +20,9 @@ use crate::types::*;
 /// Largest file size (like `MAX_LFS_FILESIZE` on 64-bit Linux).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// A compressed block and its uncompressed bytes.
+type EncodedBlock = (Encoded, Arc<Vec<u8>>);
+
 /// What a flush commits besides its extents.
 pub(crate) struct FlushMeta {
     pub size: u64,
@@ -30,7 +33,7 @@ pub(crate) struct FlushMeta {
 
 /// A batch of blocks being compressed by the pool, to be committed by the next flush.
 pub(crate) struct Pending {
-    rx: std::sync::mpsc::Receiver<(usize, (Encoded, Arc<Vec<u8>>))>,
+    rx: std::sync::mpsc::Receiver<(usize, EncodedBlock)>,
     n: usize,
     meta: FlushMeta,
 }
@@ -475,7 +478,7 @@ impl Inner {
                 (encode_block(enc, &policy, b, &src[..len], inline), src)
             });
         }
-        let results: Vec<(Encoded, Arc<Vec<u8>>)> = if jobs.len() == 1 {
+        let results: Vec<EncodedBlock> = if jobs.len() == 1 {
             // One block: compress on this thread, no hand-off.
             jobs.into_iter()
                 .map(|j| ENCODER.with(|enc| j(&mut enc.borrow_mut())))
@@ -512,7 +515,7 @@ impl Inner {
         ino: Ino,
         meta: &FlushMeta,
         durable: bool,
-        results: Vec<(Encoded, Arc<Vec<u8>>)>,
+        results: Vec<EncodedBlock>,
     ) -> Result<()> {
         let e = self.sb.extent_size as u64;
         let mut encoded = Vec::with_capacity(results.len());
