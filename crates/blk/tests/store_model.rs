@@ -407,6 +407,8 @@ enum Op {
     Compact,
     MarkIdle,
     Recompress(bool),
+    Writeback(bool),
+    Reset,
 }
 
 const MODEL_PAGES: u64 = 24;
@@ -428,6 +430,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Compact),
         1 => Just(Op::MarkIdle),
         1 => any::<bool>().prop_map(Op::Recompress),
+        1 => any::<bool>().prop_map(Op::Writeback),
+        1 => Just(Op::Reset),
     ]
 }
 
@@ -448,7 +452,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
     fn store_matches_model(ops in proptest::collection::vec(op(), 1..40), zstd in any::<bool>()) {
-        let s = store(MODEL_PAGES, if zstd { "zstd:1" } else { "lz4" }, &["zstd:5"], 0);
+        static CASE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let backing = std::env::temp_dir().join(format!(
+            "compfs-blk-model-{}-{}",
+            std::process::id(),
+            CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let s = store(MODEL_PAGES, if zstd { "zstd:1" } else { "lz4" }, &["zstd:5"], 0)
+            .with_backing(&backing)
+            .unwrap();
         let mut model = vec![0u8; (MODEL_PAGES * PAGE as u64) as usize];
         for op in ops {
             match op {
@@ -479,6 +491,13 @@ proptest! {
                 Op::Recompress(huge) => {
                     s.recompress(if huge { PageKind::Huge } else { PageKind::Idle }, 0).unwrap();
                 }
+                Op::Writeback(huge) => {
+                    s.writeback(if huge { PageKind::Huge } else { PageKind::Idle }).unwrap();
+                }
+                Op::Reset => {
+                    s.reset();
+                    model.fill(0);
+                }
             }
             let st = s.stats();
             prop_assert!(st.compr_data_size <= st.orig_data_size);
@@ -491,5 +510,8 @@ proptest! {
         let st = s.stats();
         prop_assert_eq!(st.mem_used_total, 0);
         prop_assert_eq!(st.orig_data_size, 0);
+        prop_assert_eq!(st.bd_count, 0);
+        drop(s);
+        let _ = std::fs::remove_file(&backing);
     }
 }
