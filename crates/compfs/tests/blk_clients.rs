@@ -70,7 +70,8 @@ impl Server {
         let s = Server { child, dir, sock };
         let ctl = s.dir.join("nbd.sock.ctl");
         let start = Instant::now();
-        while !(s.sock.exists() && ctl.exists()) {
+        // Ready once the control thread answers (it starts after both sockets are bound).
+        while compfs_blk::server::control_request(&ctl, "stat").is_err() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "server did not start"
@@ -602,4 +603,15 @@ fn ext4_on_nbdfuse_loop_device_survives_remount() {
         "ext4 metadata and text compress"
     );
     assert_eq!((io[0], io[1]), (0, 0), "no failed reads or writes");
+}
+
+#[test]
+fn sigterm_removes_the_sockets() {
+    let mut s = Server::start("sig", &["--size", "1M"]);
+    // SAFETY: signals our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = s.child.wait().unwrap();
+    assert!(status.success());
+    assert!(!s.sock.exists());
+    assert!(!s.dir.join("nbd.sock.ctl").exists());
 }

@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -202,7 +202,42 @@ fn default_socket() -> PathBuf {
     dir.join("compfs-blk.sock")
 }
 
+/// On SIGINT or SIGTERM, removes the socket files and exits, so a stopped server leaves nothing
+/// behind (those in `paths` when the signal comes). Must run before any other thread starts: the signals are blocked here and every later
+/// thread inherits the mask, so only the waiting thread receives them.
+fn exit_on_signal(paths: Arc<Mutex<Vec<PathBuf>>>) -> Result<()> {
+    // SAFETY: the set is a local, initialised by sigemptyset before use; pthread_sigmask only
+    // changes the calling thread's mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `set` is initialised and blocked in every thread; sigwait only reads it.
+            unsafe { libc::sigwait(&set, &mut sig) };
+            if let Ok(paths) = paths.lock() {
+                for p in paths.iter() {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            eprintln!("compfs blk: stopped by signal {sig}");
+            std::process::exit(0);
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
 fn serve(a: ServeArgs) -> Result<ExitCode> {
+    // First, before any thread exists; the socket paths are added once they are bound.
+    let sockets = Arc::new(Mutex::new(Vec::new()));
+    exit_on_signal(sockets.clone())?;
     let size = parse_size(&a.size)?;
     if size == 0 {
         bail!("--size must be larger than 0");
@@ -273,6 +308,12 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         }
     };
     let ctl_listener = server::bind_unix(&ctl).map_err(|e| anyhow!("{e}"))?;
+    if let Ok(mut v) = sockets.lock() {
+        v.push(ctl.clone());
+        if a.listen.is_none() {
+            v.push(a.socket.clone().unwrap_or_else(default_socket));
+        }
+    }
     let s = store.clone();
     std::thread::Builder::new()
         .name("control".into())
