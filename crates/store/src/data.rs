@@ -38,6 +38,45 @@ pub(crate) struct Pending {
     meta: FlushMeta,
 }
 
+/// A block of which only some ranges were written.
+pub(crate) struct Partial {
+    /// `extent_size` bytes; only `ranges` are meaningful.
+    pub data: Arc<Vec<u8>>,
+    /// Written ranges within the block, sorted and disjoint (not adjacent).
+    pub ranges: Vec<(usize, usize)>,
+}
+
+impl Partial {
+    fn add(&mut self, s: usize, e: usize) {
+        let mut v = Vec::with_capacity(self.ranges.len() + 1);
+        let (mut s, mut e) = (s, e);
+        for &(a, b) in &self.ranges {
+            if b < s || a > e {
+                v.push((a, b));
+            } else {
+                s = s.min(a);
+                e = e.max(b);
+            }
+        }
+        v.push((s, e));
+        v.sort_unstable();
+        self.ranges = v;
+    }
+    fn covered(&self) -> usize {
+        self.ranges.iter().map(|(a, b)| b - a).sum()
+    }
+    /// Copies the written ranges of `[off, off + out.len())` (block-relative) into `out`.
+    fn overlay(&self, off: usize, out: &mut [u8]) {
+        let end = off + out.len();
+        for &(a, b) in &self.ranges {
+            let (s, e) = (a.max(off), b.min(end));
+            if s < e {
+                out[s - off..e - off].copy_from_slice(&self.data[s..e]);
+            }
+        }
+    }
+}
+
 /// Buffered, not yet flushed changes of one regular file.
 pub(crate) struct Dirty {
     /// Extent-sized blocks by index, each `extent_size` bytes (zeros past the end of file).
@@ -45,6 +84,9 @@ pub(crate) struct Dirty {
     /// Blocks of the batch being compressed (`pending`), readable until it is committed.
     pub flying: BTreeMap<u64, Arc<Vec<u8>>>,
     pub pending: Option<Pending>,
+    /// Blocks written only in part and not loaded: the written ranges, flushed as small
+    /// extents that the extent map lays over the old extent (see docs/format.md).
+    pub partial: BTreeMap<u64, Partial>,
     /// Current file size.
     pub size: u64,
     /// File size in the metadata when buffering started: no persisted data lies beyond it.
@@ -83,9 +125,18 @@ enum Out {
 
 struct Encoded {
     block: u64,
+    /// Offset of the data within the block (0 for whole blocks).
+    off: usize,
     len: usize,
+    /// A whole block (replaces the block's range) or a written range of a partial block.
+    full: bool,
     out: Out,
 }
+
+type EncodeJob = Box<dyn FnOnce(&mut compfs_codec::ExtentEncoder) -> EncodedBlock + Send>;
+
+/// Map entries within one block beyond which a partially written block is rewritten whole.
+const MAX_BLOCK_PIECES: usize = 16;
 
 fn kind_error(kind: FileKind) -> Error {
     match kind {
@@ -189,6 +240,7 @@ impl Inner {
                 blocks: BTreeMap::new(),
                 flying: BTreeMap::new(),
                 pending: None,
+                partial: BTreeMap::new(),
                 size: rec.size,
                 base_size: rec.size,
                 mtime: rec.mtime,
@@ -220,8 +272,13 @@ impl Inner {
             let txn = self.db.begin_read()?;
             self.read_persisted(&txn, ino, b * e, &mut v)?;
         }
+        match d.partial.remove(&b) {
+            Some(p) => p.overlay(0, &mut v),
+            None => {
+                self.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
+            }
+        }
         d.blocks.insert(b, v);
-        self.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
         Ok(())
     }
 
@@ -350,7 +407,7 @@ impl Inner {
             st.dirty = Some(d);
             return Err(e);
         }
-        let blocks = d.blocks.len();
+        let blocks = d.blocks.len() + d.partial.len();
         match self.flush_dirty(ino, &mut d, durable, None) {
             Ok(()) | Err(Error::NotFound) => {
                 let e = self.sb.extent_size as usize;
@@ -368,8 +425,10 @@ impl Inner {
     /// filling new blocks meanwhile); the previous batch of this file is committed first.
     pub(crate) fn start_async_flush(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         self.finish_pending(ino, d)?;
-        if !d.punch.is_empty() {
-            return Ok(());
+        if !d.punch.is_empty() || !d.partial.is_empty() {
+            // A batch must hold every buffered change (so that what a crash leaves is the file
+            // as it was at some moment): partial blocks go through a synchronous flush.
+            return self.flush_sync_inner(ino, d);
         }
         let e = self.sb.extent_size as u64;
         let policy = self.file_policy(ino)?;
@@ -406,6 +465,20 @@ impl Inner {
             },
         });
         Ok(())
+    }
+
+    /// Flushes everything buffered in `d` synchronously, keeping `d` as an empty buffer.
+    fn flush_sync_inner(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+        let blocks = d.blocks.len() + d.partial.len();
+        match self.flush_dirty(ino, d, false, None) {
+            Ok(()) | Err(Error::NotFound) => {
+                self.dirty_bytes
+                    .fetch_sub(blocks * self.sb.extent_size as usize, Ordering::Relaxed);
+                d.base_size = d.size;
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// Waits for and commits a batch started by [`Inner::start_async_flush`].
@@ -460,13 +533,33 @@ impl Inner {
             None => self.file_policy(ino)?,
         };
         let inline_ok = d.size <= self.sb.inline_max as u64;
+        // Partial blocks whose map is already fragmented, or that hold inline data, are
+        // rewritten whole; this bounds the extents one block can pin.
+        let parts: Vec<u64> = d.partial.keys().copied().collect();
+        if !parts.is_empty() {
+            let mut promote = Vec::new();
+            {
+                let txn = self.db.begin_read()?;
+                let rec = inode_in(&txn, ino)?;
+                let map = txn.open_table(meta::EXTMAP)?;
+                for &b in &parts {
+                    let n = map.range((ino, b * e)..(ino, b * e + e))?.count();
+                    if n >= MAX_BLOCK_PIECES || (b == 0 && rec.inline.is_some()) {
+                        promote.push(b);
+                    }
+                }
+            }
+            for b in promote {
+                self.load_block(ino, d, b, false)?;
+            }
+        }
         let live: Vec<u64> = d
             .blocks
             .keys()
             .copied()
             .filter(|&b| b * e < d.size)
             .collect();
-        let mut jobs = Vec::with_capacity(live.len());
+        let mut jobs: Vec<EncodeJob> = Vec::with_capacity(live.len());
         for b in live {
             let Some(src) = d.blocks.remove(&b) else {
                 continue;
@@ -474,9 +567,25 @@ impl Inner {
             let src = Arc::new(src);
             let len = (d.size - b * e).min(e) as usize;
             let inline = inline_ok && b == 0;
-            jobs.push(move |enc: &mut compfs_codec::ExtentEncoder| {
+            jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
                 (encode_block(enc, &policy, b, &src[..len], inline), src)
-            });
+            }));
+        }
+        for (&b, p) in &d.partial {
+            let blen = (d.size.saturating_sub(b * e)).min(e) as usize;
+            for &(rs, re) in &p.ranges {
+                let re = re.min(blen);
+                if rs >= re {
+                    continue;
+                }
+                let src = p.data.clone();
+                jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
+                    let mut en = encode_block(enc, &policy, b, &src[rs..re], false);
+                    en.off = rs;
+                    en.full = false;
+                    (en, src)
+                }));
+            }
         }
         let results: Vec<EncodedBlock> = if jobs.len() == 1 {
             // One block: compress on this thread, no hand-off.
@@ -494,6 +603,7 @@ impl Inner {
         };
         let keep: Vec<(u64, Arc<Vec<u8>>)> = results
             .iter()
+            .filter(|(en, _)| en.full)
             .map(|(en, a)| (en.block, a.clone()))
             .collect();
         let res = self.commit_encoded(ino, &meta, durable, results);
@@ -504,6 +614,8 @@ impl Inner {
                 d.blocks
                     .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
             }
+        } else {
+            d.partial.clear();
         }
         res
     }
@@ -543,7 +655,7 @@ impl Inner {
                     let stored: &[u8] = match stored {
                         Some(v) => v,
                         None => match blocks.get(&en.block) {
-                            Some(b) => &b[..en.len],
+                            Some(b) => &b[en.off..en.off + en.len],
                             None => return Err(meta::corrupt("flushed block vanished")),
                         },
                     };
@@ -566,7 +678,7 @@ impl Inner {
                         stored_len: stored.len() as u32,
                         id,
                         ino,
-                        file_offset: en.block * e,
+                        file_offset: en.block * e + en.off as u64,
                         crc: crc32c::crc32c(stored),
                     };
                     placed.push((i, id, buf.len() as u64, h));
@@ -593,8 +705,10 @@ impl Inner {
             cache.remove(id);
         }
         for (i, id, _, _) in &placed {
-            if let Some(block) = blocks.remove(&encoded[*i].block) {
-                cache.insert(*id, block);
+            if encoded[*i].full {
+                if let Some(block) = blocks.remove(&encoded[*i].block) {
+                    cache.insert(*id, block);
+                }
             }
         }
         Ok(())
@@ -623,16 +737,22 @@ impl Inner {
                     rec.inline = None;
                 }
             }
-            let mut by_block: BTreeMap<u64, (u64, u64, ExtentHeader)> = BTreeMap::new();
+            let mut by_block: BTreeMap<(u64, usize), (u64, u64, ExtentHeader)> = BTreeMap::new();
             if let Some((_, base)) = seg {
                 for (i, id, off, h) in placed {
-                    by_block.insert(encoded[*i].block, (*id, base + off, *h));
+                    let en = &encoded[*i];
+                    by_block.insert((en.block, en.off), (*id, base + off, *h));
                 }
             }
             for en in encoded {
-                let start = en.block * e;
-                disk += w.map_remove_range(ino, start, start + e)?;
-                if en.block == 0 {
+                let start = en.block * e + en.off as u64;
+                let end = if en.full {
+                    start + e
+                } else {
+                    start + en.len as u64
+                };
+                disk += w.map_remove_range(ino, start, end)?;
+                if en.block == 0 && en.full {
                     rec.inline = None;
                 }
                 match &en.out {
@@ -640,7 +760,7 @@ impl Inner {
                     Out::Inline(i) => rec.inline = Some(i.clone()),
                     Out::Extent { .. } => {
                         let (Some((seg_id, _)), Some(&(id, seg_off, h))) =
-                            (seg, by_block.get(&en.block))
+                            (seg, by_block.get(&(en.block, en.off)))
                         else {
                             return Err(meta::corrupt("flushed extent without a segment"));
                         };
@@ -730,6 +850,11 @@ impl Inner {
         let d = self.ensure_dirty(ino, st)?;
         if size < d.size {
             let keep = size.div_ceil(e);
+            let gone_p: Vec<u64> = d.partial.range(keep..).map(|(k, _)| *k).collect();
+            for b in gone_p {
+                d.partial.remove(&b);
+                self.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
+            }
             let gone: Vec<u64> = d.blocks.range(keep..).map(|(k, _)| *k).collect();
             for b in gone {
                 d.blocks.remove(&b);
@@ -801,6 +926,8 @@ fn encode_block(
     if src.iter().all(|&b| b == 0) {
         return Encoded {
             block,
+            off: 0,
+            full: true,
             len,
             out: Out::Hole,
         };
@@ -813,6 +940,8 @@ fn encode_block(
                     dst.truncate(n);
                     return Encoded {
                         block,
+                        off: 0,
+                        full: true,
                         len,
                         out: Out::Inline(Inline {
                             codec: policy.spec.algorithm().id(),
@@ -826,6 +955,8 @@ fn encode_block(
         }
         return Encoded {
             block,
+            off: 0,
+            full: true,
             len,
             out: Out::Inline(Inline {
                 codec: 0,
@@ -860,7 +991,13 @@ fn encode_block(
             reason: Some(r),
         },
     };
-    Encoded { block, len, out }
+    Encoded {
+        block,
+        off: 0,
+        full: true,
+        len,
+        out,
+    }
 }
 
 impl Store {
@@ -917,10 +1054,28 @@ impl Store {
                 let s = (pos - bstart) as usize;
                 let n = ((end - pos) as usize).min(e as usize - s);
                 let whole = s == 0 && n == e as usize;
-                inner.load_block(ino, d, b, whole || bstart >= d.base_size)?;
-                if let Some(v) = d.blocks.get_mut(&b) {
-                    let from = (pos - offset) as usize;
-                    v[s..s + n].copy_from_slice(&data[from..from + n]);
+                let from = (pos - offset) as usize;
+                let fresh = whole || bstart >= d.base_size;
+                if !fresh && !d.blocks.contains_key(&b) && !d.flying.contains_key(&b) {
+                    // A small write into persisted data: remember the range only (no read of
+                    // the old extent); flushed as a small extent laid over the old one.
+                    let p = d.partial.entry(b).or_insert_with(|| {
+                        inner.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
+                        Partial {
+                            data: Arc::new(vec![0u8; e as usize]),
+                            ranges: Vec::new(),
+                        }
+                    });
+                    Arc::make_mut(&mut p.data)[s..s + n].copy_from_slice(&data[from..from + n]);
+                    p.add(s, s + n);
+                    if p.covered() * 2 >= e as usize {
+                        inner.load_block(ino, d, b, false)?;
+                    }
+                } else {
+                    inner.load_block(ino, d, b, fresh)?;
+                    if let Some(v) = d.blocks.get_mut(&b) {
+                        v[s..s + n].copy_from_slice(&data[from..from + n]);
+                    }
                 }
                 pos += n as u64;
             }
@@ -928,7 +1083,8 @@ impl Store {
             let now = Timestamp::now();
             d.mtime = now;
             d.ctime = now;
-            let many = d.blocks.len() >= inner.tuning.flush_blocks.max(2 * inner.pool.threads);
+            let many = d.blocks.len() + d.partial.len()
+                >= inner.tuning.flush_blocks.max(2 * inner.pool.threads);
             if inner.dirty_bytes.load(Ordering::Relaxed) > inner.tuning.dirty_limit {
                 inner.flush_locked(ino, st, false)?;
             } else if many {
@@ -955,7 +1111,7 @@ impl Store {
                 while b * e < end {
                     let (bs, be) = (b * e, (b * e + e).min(d.size));
                     if offset <= bs && be <= end {
-                        if d.blocks.remove(&b).is_some() {
+                        if d.blocks.remove(&b).is_some() || d.partial.remove(&b).is_some() {
                             inner.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
                         }
                         d.punch.push((bs, bs + e));
@@ -1111,6 +1267,7 @@ impl Store {
                     blocks: BTreeMap::new(),
                     flying: BTreeMap::new(),
                     pending: None,
+                    partial: BTreeMap::new(),
                     size,
                     base_size: size,
                     mtime: rec.mtime,
@@ -1217,6 +1374,16 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
             out.copy_from_slice(&v[s..s + k]);
         } else if let Some(v) = d.flying.get(&b) {
             out.copy_from_slice(&v[s..s + k]);
+        } else if let Some(p) = d.partial.get(&b) {
+            if persisted.is_none() {
+                let g = inner.seg_barrier.read().unwrap_or_else(|p| p.into_inner());
+                let txn = inner.db.begin_read()?;
+                persisted = Some((g, txn));
+            }
+            if let Some((_, txn)) = &persisted {
+                inner.read_persisted(txn, ino, pos, out)?;
+            }
+            p.overlay(s, out);
         } else if pos >= d.base_size {
             out.fill(0);
         } else {
