@@ -67,12 +67,90 @@ struct FioRow {
     runs: Vec<f64>,
 }
 
+/// The page store alone, in this process, without NBD: does the sharded locking scale?
+#[derive(Debug, Serialize, Clone)]
+struct ScalingRow {
+    op: String,
+    threads: u32,
+    pages_per_s: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     input: String,
     input_bytes: u64,
     ratios: Vec<RatioRow>,
     fio: Vec<FioRow>,
+    store_scaling: Vec<ScalingRow>,
+}
+
+/// Random 4 KiB page reads and overwrites (with pages of the input) on an in-process store,
+/// 1 and 2 threads, `secs` seconds each.
+fn store_scaling(input: &Path, codec: &str, secs: f64) -> Result<Vec<ScalingRow>> {
+    use compfs_blk::{Config, PageStore, PAGE};
+    let data = std::fs::read(input)?;
+    let pages = (data.len() / PAGE) as u64;
+    if pages == 0 {
+        bail!("the input is smaller than a page");
+    }
+    let spec = compfs_codec::CodecSpec::parse(codec)
+        .map_err(|e| anyhow!("{e}"))?
+        .spec;
+    let store = PageStore::new(Config {
+        size: pages * PAGE as u64,
+        algo: spec,
+        recomp: vec![],
+        mem_limit: 0,
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    store
+        .write(0, &data[..pages as usize * PAGE])
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut rows = Vec::new();
+    for op in ["read", "write"] {
+        for threads in [1u32, 2] {
+            let t0 = Instant::now();
+            let total: u64 = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (store, data) = (&store, &data);
+                        sc.spawn(move || {
+                            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(t);
+                            let mut buf = vec![0u8; PAGE];
+                            let mut n = 0u64;
+                            while t0.elapsed().as_secs_f64() < secs {
+                                for _ in 0..256 {
+                                    x ^= x << 13;
+                                    x ^= x >> 7;
+                                    x ^= x << 17;
+                                    let p = x % pages;
+                                    let r = if op == "read" {
+                                        store.read(p * PAGE as u64, &mut buf)
+                                    } else {
+                                        let src = ((x >> 32) % pages) as usize * PAGE;
+                                        store.write(p * PAGE as u64, &data[src..src + PAGE])
+                                    };
+                                    if r.is_ok() {
+                                        n += 1;
+                                    }
+                                }
+                            }
+                            n
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+            });
+            let rate = total as f64 / t0.elapsed().as_secs_f64();
+            eprintln!("  store {codec} {op} threads={threads}: {rate:.0} pages/s");
+            rows.push(ScalingRow {
+                op: format!("{codec} {op}"),
+                threads,
+                pages_per_s: rate,
+            });
+        }
+    }
+    Ok(rows)
 }
 
 struct Proc(Child);
@@ -357,6 +435,16 @@ fn print_tables(rep: &Report) {
     }
 }
 
+fn print_scaling(rep: &Report) {
+    if rep.store_scaling.is_empty() {
+        return;
+    }
+    println!("\n| page store (in process) | threads | pages/s |\n|---|---:|---:|");
+    for r in &rep.store_scaling {
+        println!("| {} 4k | {} | {:.0} |", r.op, r.threads, r.pages_per_s);
+    }
+}
+
 fn plot(rep: &Report, path: &Path) -> Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
@@ -488,13 +576,21 @@ fn run_in(a: &Args, dir: &Path) -> Result<ExitCode> {
     } else if !a.no_zram {
         eprintln!("compfs: skipping kernel zram (needs root and /dev/zram0)");
     }
+    let store_scaling = if a.no_fio {
+        Vec::new()
+    } else {
+        eprintln!("in-process page store, 1 and 2 threads ...");
+        store_scaling(&input, &a.fio_codec, a.runtime as f64)?
+    };
     let rep = Report {
         input: a.input.display().to_string(),
         input_bytes: len,
         ratios,
         fio: fio_rows,
+        store_scaling,
     };
     print_tables(&rep);
+    print_scaling(&rep);
     if let Some(j) = &a.json {
         std::fs::write(j, serde_json::to_string_pretty(&rep)?)
             .with_context(|| format!("cannot write {}", j.display()))?;
