@@ -403,20 +403,27 @@ pub fn handshake<R: Read, W: Write>(
     }
 }
 
-fn simple_reply<W: Write>(w: &mut W, error: u32, cookie: u64, data: &[u8]) -> io::Result<()> {
+/// Largest piece of a READ or WRITE payload held in memory at once.
+pub const CHUNK: usize = 1 << 20;
+
+fn reply_header<W: Write>(w: &mut W, error: u32, cookie: u64) -> io::Result<()> {
     let mut h = [0u8; 16];
     h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     h[4..8].copy_from_slice(&error.to_be_bytes());
     h[8..16].copy_from_slice(&cookie.to_be_bytes());
-    w.write_all(&h)?;
+    w.write_all(&h)
+}
+
+fn simple_reply<W: Write>(w: &mut W, error: u32, cookie: u64, data: &[u8]) -> io::Result<()> {
+    reply_header(w, error, cookie)?;
     w.write_all(data)?;
     w.flush()
 }
 
 /// Serves requests until the client disconnects (NBD_CMD_DISC or EOF). A bad request magic or a
 /// write larger than [`MAX_PAYLOAD`] closes the connection (the payload cannot be trusted);
-/// everything else gets an error reply and the connection goes on. Memory per connection is
-/// bounded by one payload buffer of at most [`MAX_PAYLOAD`] bytes.
+/// everything else gets an error reply and the connection goes on. Payloads move in chunks of
+/// [`CHUNK`] bytes, so a connection holds at most one chunk whatever the request length.
 pub fn transmission<R: Read, W: Write>(
     r: &mut R,
     w: &mut W,
@@ -457,21 +464,45 @@ pub fn transmission<R: Read, W: Write>(
         }
         let result = match req.kind {
             CMD_READ => {
-                buf.resize(len, 0);
-                match store.read(req.offset, &mut buf[..len]) {
+                // Served in chunks of at most CHUNK bytes, so a connection never holds more
+                // than one chunk whatever the request length. The reply header goes out with
+                // the first chunk; an error after that can only close the connection.
+                let first = len.min(CHUNK);
+                buf.resize(first, 0);
+                match store.read(req.offset, &mut buf[..first]) {
+                    Err(e) => Err(e),
                     Ok(()) => {
-                        simple_reply(w, 0, req.cookie, &buf[..len]).map_err(io_err("reply"))?;
-                        shrink(&mut buf);
+                        reply_header(w, 0, req.cookie).map_err(io_err("reply"))?;
+                        w.write_all(&buf[..first]).map_err(io_err("reply"))?;
+                        let mut done = first;
+                        while done < len {
+                            let n = (len - done).min(CHUNK);
+                            store.read(req.offset + done as u64, &mut buf[..n])?;
+                            w.write_all(&buf[..n]).map_err(io_err("reply"))?;
+                            done += n;
+                        }
+                        w.flush().map_err(io_err("reply"))?;
                         continue;
                     }
-                    Err(e) => Err(e),
                 }
             }
             CMD_WRITE => {
-                buf.resize(len, 0);
-                r.read_exact(&mut buf[..len])
-                    .map_err(io_err("write payload"))?;
-                store.write(req.offset, &buf[..len])
+                // Stored chunk by chunk as it arrives; after a failed chunk the rest of the
+                // payload is still read (to keep the stream in step) but not stored, and the
+                // first error is the reply.
+                let mut done = 0usize;
+                let mut result = Ok(());
+                while done < len {
+                    let n = (len - done).min(CHUNK);
+                    buf.resize(n, 0);
+                    r.read_exact(&mut buf[..n])
+                        .map_err(io_err("write payload"))?;
+                    if result.is_ok() {
+                        result = store.write(req.offset + done as u64, &buf[..n]);
+                    }
+                    done += n;
+                }
+                result
             }
             CMD_FLUSH | CMD_CACHE => Ok(()),
             CMD_TRIM => store.trim(req.offset, u64::from(req.len)),
@@ -491,13 +522,5 @@ pub fn transmission<R: Read, W: Write>(
             }
         };
         simple_reply(w, errno, req.cookie, &[]).map_err(io_err("reply"))?;
-        shrink(&mut buf);
-    }
-}
-
-/// Drops a payload buffer grown by an unusually large request so idle connections stay small.
-fn shrink(buf: &mut Vec<u8>) {
-    if buf.capacity() > 8 << 20 {
-        *buf = Vec::new();
     }
 }

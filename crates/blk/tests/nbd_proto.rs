@@ -393,3 +393,39 @@ proptest! {
         prop_assert!(out2.len() == 18 || u64::from_be_bytes(out2[18..26].try_into().unwrap()) == REPLY_MAGIC_OPT);
     }
 }
+
+#[test]
+fn payloads_larger_than_a_chunk() {
+    let s = Arc::new(
+        PageStore::new(Config {
+            size: 8 << 20,
+            algo: CodecSpec::parse("lz4").unwrap().spec,
+            recomp: vec![],
+            mem_limit: 0,
+        })
+        .unwrap(),
+    );
+    let (a, mut c) = UnixStream::pair().unwrap();
+    let s2 = s.clone();
+    let h = std::thread::spawn(move || {
+        let e = Export {
+            name: "big".into(),
+            description: String::new(),
+            size: 8 << 20,
+        };
+        serve_connection(a, &s2, &e)
+    });
+    greet(&mut c, FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    send_opt(&mut c, OPT_EXPORT_NAME, b"");
+    let _ = read_n(&mut c, 10);
+    let len = 2 * CHUNK + CHUNK / 2 + 100;
+    let data: Vec<u8> = (0..len).map(|i| (i / 4096 + i % 251) as u8).collect();
+    request(&mut c, CMD_WRITE, 0, 3, len as u32, 1);
+    c.write_all(&data).unwrap();
+    assert_eq!(reply(&mut c), (0, 1));
+    request(&mut c, CMD_READ, 0, 3, len as u32, 2);
+    assert_eq!(reply(&mut c), (0, 2));
+    assert_eq!(read_n(&mut c, len), data);
+    request(&mut c, CMD_DISC, 0, 0, 0, 3);
+    assert!(h.join().unwrap().is_ok());
+}
