@@ -64,6 +64,83 @@ impl Entry {
     }
 }
 
+/// Entries per table chunk: 512 × 16 bytes = 8 KiB, allocated on the first write into it.
+const CHUNK_ENTRIES: usize = 512;
+
+static EMPTY: Entry = Entry::Empty;
+
+/// One shard's page table. Chunks are allocated when a page in them is first stored, so a large
+/// device that is mostly unwritten costs a pointer per 512 pages (zram allocates its whole
+/// table at `disksize`).
+#[derive(Debug)]
+struct Table {
+    chunks: Vec<Option<Box<[Entry]>>>,
+    len: usize,
+    allocated: usize,
+}
+
+impl Table {
+    fn new(len: usize) -> Table {
+        Table {
+            chunks: (0..len.div_ceil(CHUNK_ENTRIES)).map(|_| None).collect(),
+            len,
+            allocated: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The entry, without allocating (None for a page in an unallocated chunk: it is Empty).
+    fn get_mut(&mut self, idx: usize) -> Option<&mut Entry> {
+        self.chunks
+            .get_mut(idx / CHUNK_ENTRIES)?
+            .as_mut()
+            .map(|c| &mut c[idx % CHUNK_ENTRIES])
+    }
+
+    /// Every entry of the allocated chunks, with its index.
+    fn entries_mut(&mut self) -> impl Iterator<Item = (usize, &mut Entry)> {
+        self.chunks
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(ci, c)| c.as_mut().map(|c| (ci, c)))
+            .flat_map(|(ci, c)| {
+                c.iter_mut()
+                    .enumerate()
+                    .map(move |(i, e)| (ci * CHUNK_ENTRIES + i, e))
+            })
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.allocated * CHUNK_ENTRIES * std::mem::size_of::<Entry>()
+            + self.chunks.capacity() * std::mem::size_of::<Option<Box<[Entry]>>>()) as u64
+    }
+}
+
+impl std::ops::Index<usize> for Table {
+    type Output = Entry;
+    fn index(&self, idx: usize) -> &Entry {
+        match self.chunks.get(idx / CHUNK_ENTRIES) {
+            Some(Some(c)) => &c[idx % CHUNK_ENTRIES],
+            _ => &EMPTY,
+        }
+    }
+}
+
+impl std::ops::IndexMut<usize> for Table {
+    /// Allocates the chunk if needed: only used to store an entry.
+    fn index_mut(&mut self, idx: usize) -> &mut Entry {
+        let slot = &mut self.chunks[idx / CHUNK_ENTRIES];
+        if slot.is_none() {
+            self.allocated += 1;
+        }
+        let c = slot.get_or_insert_with(|| vec![Entry::Empty; CHUNK_ENTRIES].into_boxed_slice());
+        &mut c[idx % CHUNK_ENTRIES]
+    }
+}
+
 /// Which pages `recompress` and `writeback` act on (zram's `type=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageKind {
@@ -289,7 +366,7 @@ pub struct PageStore {
     pages: u64,
     /// Codec list: index 0 the primary, then the recompression codecs by priority.
     codecs: Vec<CodecSpec>,
-    shards: Box<[Mutex<Vec<Entry>>]>,
+    shards: Box<[Mutex<Table>]>,
     pool: Pool,
     c: Counters,
     backing: Option<Backing>,
@@ -317,7 +394,7 @@ impl PageStore {
         let shards = (0..SHARDS as u64)
             .map(|s| {
                 let n = pages / SHARDS as u64 + u64::from(s < pages % SHARDS as u64);
-                Mutex::new(vec![Entry::Empty; n as usize])
+                Mutex::new(Table::new(n as usize))
             })
             .collect();
         let mut codecs = vec![cfg.algo];
@@ -357,7 +434,7 @@ impl PageStore {
         &self.cfg
     }
 
-    fn shard(&self, page: u64) -> (&Mutex<Vec<Entry>>, usize) {
+    fn shard(&self, page: u64) -> (&Mutex<Table>, usize) {
         (
             &self.shards[(page % SHARDS as u64) as usize],
             (page / SHARDS as u64) as usize,
@@ -492,11 +569,15 @@ impl PageStore {
     fn read_page_ctx(&self, ctx: &mut Ctx, page: u64, dst: &mut [u8]) -> Result<(), BlkError> {
         let (shard, idx) = self.shard(page);
         let mut t = lock(shard);
-        let e = &mut t[idx];
+        let Some(e) = t.get_mut(idx) else {
+            dst.fill(0);
+            return Ok(());
+        };
         if let Some(f) = e.flags_mut() {
             *f &= !FLAG_IDLE;
         }
-        self.decode(ctx, page, *e, dst)
+        let e = *e;
+        self.decode(ctx, page, e, dst)
     }
 
     fn decode(&self, ctx: &mut Ctx, page: u64, e: Entry, dst: &mut [u8]) -> Result<(), BlkError> {
@@ -642,7 +723,7 @@ impl PageStore {
         let mut n = 0;
         for shard in self.shards.iter() {
             let mut t = lock(shard);
-            for e in t.iter_mut() {
+            for (_, e) in t.entries_mut() {
                 if let Some(f) = e.flags_mut() {
                     *f |= FLAG_IDLE;
                     n += 1;
@@ -788,7 +869,7 @@ impl PageStore {
     pub fn reset(&self) {
         for shard in self.shards.iter() {
             let mut t = lock(shard);
-            for e in t.iter_mut() {
+            for (_, e) in t.entries_mut() {
                 self.free_entry(*e);
                 *e = Entry::Empty;
             }
@@ -833,7 +914,7 @@ impl PageStore {
             bd_count: get(&c.bd_count),
             bd_reads: get(&c.bd_reads),
             bd_writes: get(&c.bd_writes),
-            table_bytes: self.pages * std::mem::size_of::<Entry>() as u64,
+            table_bytes: self.shards.iter().map(|s| lock(s).bytes()).sum(),
             disksize: self.cfg.size,
         }
     }

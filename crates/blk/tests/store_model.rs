@@ -515,3 +515,30 @@ proptest! {
         let _ = std::fs::remove_file(&backing);
     }
 }
+
+#[test]
+fn page_table_is_allocated_as_pages_are_written() {
+    let s = store(16 << 20, "lz4", &[], 0); // 64 GiB
+    let empty = s.stats().table_bytes;
+    assert!(empty < 1 << 20, "{empty}");
+    let mut b = vec![0u8; PAGE];
+    s.read(12345 * PAGE as u64, &mut b).unwrap();
+    assert_eq!(s.stats().table_bytes, empty, "reads allocate nothing");
+    s.write(12345 * PAGE as u64, &text_page(1)).unwrap();
+    assert_eq!(s.stats().table_bytes, empty + 512 * 16);
+    s.read(12345 * PAGE as u64, &mut b).unwrap();
+    assert_eq!(b, text_page(1));
+    s.mark_idle();
+    assert!(
+        s.recompress(PageKind::Idle, 0).is_err(),
+        "no recompression codec"
+    );
+    s.reset();
+    assert!(read_all_sparse(&s, 12345));
+}
+
+fn read_all_sparse(s: &PageStore, page: u64) -> bool {
+    let mut b = vec![1u8; PAGE];
+    s.read(page * PAGE as u64, &mut b).unwrap();
+    b.iter().all(|&x| x == 0)
+}
