@@ -36,6 +36,8 @@ pub(crate) struct Pending {
     rx: std::sync::mpsc::Receiver<(usize, EncodedBlock)>,
     n: usize,
     meta: FlushMeta,
+    /// The blocks of this batch (to retire them from `flying` once committed).
+    blocks: Vec<(u64, Arc<Vec<u8>>)>,
 }
 
 /// A block of which only some ranges were written.
@@ -83,7 +85,9 @@ pub(crate) struct Dirty {
     pub blocks: BTreeMap<u64, Vec<u8>>,
     /// Blocks of the batch being compressed (`pending`), readable until it is committed.
     pub flying: BTreeMap<u64, Arc<Vec<u8>>>,
-    pub pending: Option<Pending>,
+    /// Batches being compressed, oldest first (at most two: one compressing while the one
+    /// before it commits).
+    pub pending: std::collections::VecDeque<Pending>,
     /// Blocks written only in part and not loaded: the written ranges, flushed as small
     /// extents that the extent map lays over the old extent (see docs/format.md).
     pub partial: BTreeMap<u64, Partial>,
@@ -239,7 +243,7 @@ impl Inner {
             st.dirty = Some(Dirty {
                 blocks: BTreeMap::new(),
                 flying: BTreeMap::new(),
-                pending: None,
+                pending: Default::default(),
                 partial: BTreeMap::new(),
                 size: rec.size,
                 base_size: rec.size,
@@ -424,8 +428,8 @@ impl Inner {
     /// Hands the buffered blocks to the compression pool without waiting (the writer goes on
     /// filling new blocks meanwhile); the previous batch of this file is committed first.
     pub(crate) fn start_async_flush(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
-        self.finish_pending(ino, d)?;
         if !d.punch.is_empty() || !d.partial.is_empty() {
+            self.finish_pending(ino, d)?;
             // A batch must hold every buffered change (so that what a crash leaves is the file
             // as it was at some moment): partial blocks go through a synchronous flush.
             return self.flush_sync_inner(ino, d);
@@ -440,12 +444,14 @@ impl Inner {
             .filter(|&b| b * e < d.size)
             .collect();
         let mut jobs = Vec::with_capacity(ids.len());
+        let mut mine = Vec::with_capacity(ids.len());
         for b in ids {
             let Some(v) = d.blocks.remove(&b) else {
                 continue;
             };
             let a = Arc::new(v);
             d.flying.insert(b, a.clone());
+            mine.push((b, a.clone()));
             let len = (d.size - b * e).min(e) as usize;
             let inline = inline_ok && b == 0;
             jobs.push(move |enc: &mut compfs_codec::ExtentEncoder| {
@@ -454,7 +460,7 @@ impl Inner {
         }
         let n = jobs.len();
         let rx = self.pool.submit(jobs);
-        d.pending = Some(Pending {
+        d.pending.push_back(Pending {
             rx,
             n,
             meta: FlushMeta {
@@ -463,7 +469,13 @@ impl Inner {
                 ctime: d.ctime,
                 punch: Vec::new(),
             },
+            blocks: mine,
         });
+        // The new batch is queued before the previous one commits, so the workers stay busy
+        // while this thread appends and commits.
+        while d.pending.len() > 1 {
+            self.finish_oldest(ino, d)?;
+        }
         Ok(())
     }
 
@@ -481,9 +493,16 @@ impl Inner {
         }
     }
 
-    /// Waits for and commits a batch started by [`Inner::start_async_flush`].
+    /// Waits for and commits every batch started by [`Inner::start_async_flush`], in order.
     pub(crate) fn finish_pending(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
-        let Some(p) = d.pending.take() else {
+        while !d.pending.is_empty() {
+            self.finish_oldest(ino, d)?;
+        }
+        Ok(())
+    }
+
+    fn finish_oldest(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+        let Some(p) = d.pending.pop_front() else {
             return Ok(());
         };
         let mut results = Vec::with_capacity(p.n);
@@ -493,7 +512,6 @@ impl Inner {
                 Err(_) => break,
             }
         }
-        let flown = d.flying.len();
         let res = if results.len() < p.n {
             Err(Error::Io(std::io::Error::other("compression worker lost")))
         } else {
@@ -501,13 +519,21 @@ impl Inner {
         };
         match res {
             Ok(()) | Err(Error::NotFound) => {
-                d.flying.clear();
+                for (b, a) in &p.blocks {
+                    if d.flying.get(b).is_some_and(|f| Arc::ptr_eq(f, a)) {
+                        d.flying.remove(b);
+                    }
+                }
                 d.base_size = d.base_size.max(p.meta.size);
-                self.dirty_bytes
-                    .fetch_sub(flown * self.sb.extent_size as usize, Ordering::Relaxed);
+                self.dirty_bytes.fetch_sub(
+                    p.blocks.len() * self.sb.extent_size as usize,
+                    Ordering::Relaxed,
+                );
                 Ok(())
             }
             Err(e) => {
+                // Later batches are dropped too (their blocks are in `flying`).
+                d.pending.clear();
                 // Keep the data readable: flying blocks go back to the buffer unless rewritten.
                 for (b, a) in std::mem::take(&mut d.flying) {
                     d.blocks
@@ -1266,7 +1292,7 @@ impl Store {
                 let mut d = Dirty {
                     blocks: BTreeMap::new(),
                     flying: BTreeMap::new(),
-                    pending: None,
+                    pending: Default::default(),
                     partial: BTreeMap::new(),
                     size,
                     base_size: size,
@@ -1374,19 +1400,10 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
             out.copy_from_slice(&v[s..s + k]);
         } else if let Some(v) = d.flying.get(&b) {
             out.copy_from_slice(&v[s..s + k]);
-        } else if let Some(p) = d.partial.get(&b) {
-            if persisted.is_none() {
-                let g = inner.seg_barrier.read().unwrap_or_else(|p| p.into_inner());
-                let txn = inner.db.begin_read()?;
-                persisted = Some((g, txn));
-            }
-            if let Some((_, txn)) = &persisted {
-                inner.read_persisted(txn, ino, pos, out)?;
-            }
-            p.overlay(s, out);
-        } else if pos >= d.base_size {
+        } else if pos >= d.base_size && !d.partial.contains_key(&b) {
             out.fill(0);
         } else {
+            // Persisted bytes (one snapshot for the whole read), then any partial writes.
             if persisted.is_none() {
                 let g = inner.seg_barrier.read().unwrap_or_else(|p| p.into_inner());
                 let txn = inner.db.begin_read()?;
@@ -1394,6 +1411,9 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
             }
             if let Some((_, txn)) = &persisted {
                 inner.read_persisted(txn, ino, pos, out)?;
+            }
+            if let Some(p) = d.partial.get(&b) {
+                p.overlay(s, out);
             }
         }
         pos += k as u64;

@@ -274,18 +274,8 @@ fn crash_kill_points() {
     {
         let s = create(&dir, 16384, tuning());
         for i in 0..3 {
-            let a = s
-                .mknod(
-                    ROOT_INO,
-                    format!("f{i}").as_bytes(),
-                    FileKind::File,
-                    0o644,
-                    0,
-                    0,
-                    0,
-                )
-                .unwrap();
-            s.write(a.ino, 0, &pattern(40_000, i)).unwrap();
+            let ino = mkfile(&s, ROOT_INO, &format!("f{i}"));
+            s.write(ino, 0, &pattern(40_000, i)).unwrap();
         }
         s.close().unwrap();
     }

@@ -18,20 +18,10 @@ fn populated(dir: &std::path::Path) -> Vec<(Ino, Vec<u8>)> {
     let s = create(dir, 16384, tuning());
     let mut files = Vec::new();
     for i in 0..4u64 {
-        let f = s
-            .mknod(
-                ROOT_INO,
-                format!("f{i}").as_bytes(),
-                FileKind::File,
-                0o644,
-                0,
-                0,
-                0,
-            )
-            .unwrap();
+        let ino = mkfile(&s, ROOT_INO, &format!("f{i}"));
         let data = pattern(50_000 + i as usize * 1000, i);
-        s.write(f.ino, 0, &data).unwrap();
-        files.push((f.ino, data));
+        s.write(ino, 0, &data).unwrap();
+        files.push((ino, data));
     }
     s.close().unwrap();
     files

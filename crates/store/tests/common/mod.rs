@@ -123,3 +123,10 @@ pub fn assert_clean(dir: &Path) {
     let r = fsck_report(dir, false);
     assert!(r.is_clean(), "fsck found problems: {:#?}", r.problems);
 }
+
+/// Creates a regular file `name` in `parent` (mode 0644, root-owned).
+pub fn mkfile(s: &Store, parent: Ino, name: &str) -> Ino {
+    s.mknod(parent, name.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+        .unwrap()
+        .ino
+}
