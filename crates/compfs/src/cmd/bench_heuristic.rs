@@ -66,6 +66,9 @@ pub struct Row {
     /// Bytes after encoding (sector-rounded) in force and heuristic mode.
     pub forced_stored: u64,
     pub heuristic_stored: u64,
+    /// Bytes stored if btrfs's heuristic gated compression (what kernel btrfs's `compress=`
+    /// would store, without its whole-file give-up rule).
+    pub btrfs_stored: u64,
     /// CPU seconds of the whole encode in each mode.
     pub forced_secs: f64,
     pub heuristic_secs: f64,
@@ -89,6 +92,7 @@ impl Row {
         self.heuristic_bytes += o.heuristic_bytes;
         self.forced_stored += o.forced_stored;
         self.heuristic_stored += o.heuristic_stored;
+        self.btrfs_stored += o.btrfs_stored;
         self.forced_secs += o.forced_secs;
         self.heuristic_secs += o.heuristic_secs;
         self.raw_heuristic_secs += o.raw_heuristic_secs;
@@ -178,7 +182,13 @@ fn measure(
             ExtentOutcome::Compressed { len } => sectors(len),
             ExtentOutcome::Raw(_) => sectors(e.len()),
         };
-        row.forced_stored += stored(fo?);
+        let fo = stored(fo?);
+        row.forced_stored += fo;
+        row.btrfs_stored += if b.compress && !tiny {
+            fo
+        } else {
+            sectors(e.len())
+        };
         row.forced_secs += ft;
         let (ho, ht) = best(passes, || enc.encode(&heur, e, &mut buf));
         let ho = ho?;
@@ -282,7 +292,7 @@ fn print_report(rows: &[Row], total: &Row, spec: CodecSpec, judge: CodecSpec, bl
         human(block as u64)
     );
     println!(
-        "{:<14} {:>7} {:>6} | {:>6} {:>6} | {:>7} {:>7} | {:>7} {:>7} {:>6} | {:>7}",
+        "{:<14} {:>7} {:>6} | {:>6} {:>6} | {:>7} {:>7} | {:>7} {:>7} {:>6} {:>7} | {:>7}",
         "input",
         "size",
         "compr%",
@@ -293,6 +303,7 @@ fn print_report(rows: &[Row], total: &Row, spec: CodecSpec, judge: CodecSpec, bl
         "forced",
         "heur",
         "h/f",
+        "btrfs-h",
         "raw cpu"
     );
     for r in rows.iter().chain(std::iter::once(total)) {
@@ -302,7 +313,7 @@ fn print_report(rows: &[Row], total: &Row, spec: CodecSpec, judge: CodecSpec, bl
             "-".into()
         };
         println!(
-            "{:<14} {:>7} {:>6.1} | {:>6.1} {:>6.1} | {:>7.2} {:>7.2} | {:>7.3} {:>7.3} {:>6.3} | {:>7}",
+            "{:<14} {:>7} {:>6.1} | {:>6.1} {:>6.1} | {:>7.2} {:>7.2} | {:>7.3} {:>7.3} {:>6.3} {:>7.3} | {:>7}",
             r.input,
             human(r.bytes),
             Row::pct(r.compressible, r.extents),
@@ -313,12 +324,13 @@ fn print_report(rows: &[Row], total: &Row, spec: CodecSpec, judge: CodecSpec, bl
             r.ratio(r.forced_stored),
             r.ratio(r.heuristic_stored),
             r.forced_stored as f64 / r.heuristic_stored.max(1) as f64,
+            r.ratio(r.btrfs_stored),
             raw_cpu,
         );
     }
     println!(
         "compr%: extents {judge} compresses; btrfs%/ours%: heuristic agrees with that (extents of \
-         one sector or less, stored raw without asking, left out: {} here); GB: heuristic speed; forced/heur: ratio after sector rounding; h/f: heuristic ratio / forced; \
+         one sector or less, stored raw without asking, left out: {} here); GB: heuristic speed; forced/heur: ratio after sector rounding; h/f: heuristic ratio / forced; btrfs-h: ratio with btrfs's heuristic deciding; \
          raw cpu: heuristic mode's CPU on extents it stores raw / force mode's CPU on them",
         total.tiny
     );
