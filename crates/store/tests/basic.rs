@@ -379,3 +379,51 @@ fn generate_v1_fixture() {
     s.link(a.ino, ROOT_INO, b"hard").unwrap();
     s.close().unwrap();
 }
+
+#[test]
+fn allocate_statfs_stats_and_automatic_gc() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("s");
+    let tun = Tuning {
+        segment_size: 64 << 10,
+        flush_interval: Some(std::time::Duration::from_millis(20)),
+        gc_min_garbage: 64 << 10,
+        gc_garbage_ratio: 0.3,
+        ..Tuning::default()
+    };
+    let s = Store::create_tuned(
+        &p,
+        &CreateOptions {
+            extent_size: 16384,
+            ..Default::default()
+        },
+        tun,
+    )
+    .unwrap();
+    let f = s
+        .mknod(ROOT_INO, b"f", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.allocate(f.ino, 0, 100_000, true).unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().size, 0);
+    s.allocate(f.ino, 0, 100_000, false).unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().size, 100_000);
+    assert!(read_all(&s, f.ino).iter().all(|&b| b == 0));
+    let fs = s.statfs().unwrap();
+    assert!(fs.blocks > 0 && fs.bsize > 0 && fs.files >= 2);
+    // Overwrite the same data many times: garbage piles up, the flusher's GC reclaims it.
+    for i in 0..40u64 {
+        s.write(f.ino, 0, &pattern(200_000, i)).unwrap();
+        s.fsync(f.ino, false).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s.stats().gc_runs == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let st = s.stats();
+    assert!(st.gc_runs > 0, "automatic GC never ran: {st:?}");
+    assert!(st.user_bytes_written >= 40 * 200_000);
+    assert!(st.extents_compressed.contains_key("zstd"));
+    assert_eq!(read_all(&s, f.ino), pattern(200_000, 39));
+    s.close().unwrap();
+    assert!(fsck(&p, false, &mut |_, _| {}).unwrap().is_clean());
+}
