@@ -126,6 +126,11 @@ pub(crate) struct Inner {
 }
 
 /// A compfs store. See the crate docs.
+///
+/// ```
+/// fn shared<T: Send + Sync>() {}
+/// shared::<compfs_store::Store>();
+/// ```
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
     flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,

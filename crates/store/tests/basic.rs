@@ -427,3 +427,51 @@ fn allocate_statfs_stats_and_automatic_gc() {
     s.close().unwrap();
     assert!(fsck(&p, false, &mut |_, _| {}).unwrap().is_clean());
 }
+
+#[test]
+fn deleting_files_returns_space() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("s");
+    let tun = Tuning {
+        segment_size: 256 << 10,
+        flush_interval: None,
+        ..Tuning::default()
+    };
+    let s = Store::create_tuned(&p, &CreateOptions::default(), tun).unwrap();
+    let mut inos = Vec::new();
+    for i in 0..4u64 {
+        let f = s
+            .mknod(
+                ROOT_INO,
+                format!("f{i}").as_bytes(),
+                FileKind::File,
+                0o644,
+                0,
+                0,
+                0,
+            )
+            .unwrap();
+        s.write(f.ino, 0, &pattern(1 << 20, i)).unwrap();
+        inos.push(f.ino);
+    }
+    s.sync().unwrap();
+    let seg_bytes = |p: &std::path::Path| -> u64 {
+        std::fs::read_dir(p.join("segments"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum()
+    };
+    let full = seg_bytes(&p);
+    assert!(full > 100_000);
+    for i in 0..4u64 {
+        s.unlink(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+    }
+    assert_eq!(s.stats().live_bytes, 0);
+    let r = s.gc().unwrap();
+    assert!(r.bytes_after < full / 10, "{r:?}");
+    assert!(seg_bytes(&p) < full / 10);
+    let u = s.usage(&[ROOT_INO]).unwrap();
+    assert_eq!((u.files, u.total.disk), (0, 0));
+    s.close().unwrap();
+    assert!(fsck(&p, false, &mut |_, _| {}).unwrap().is_clean());
+}

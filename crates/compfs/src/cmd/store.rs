@@ -199,6 +199,7 @@ struct GcResult {
     segment_bytes_after_gc: u64,
     overhead_after_gc: f64,
     gc_secs: f64,
+    segment_bytes_after_delete_and_gc: u64,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -451,6 +452,12 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         let gc_secs = t.elapsed().as_secs_f64();
         let st = s.stats();
         let after = dir_bytes(&dir.join("segments"))?;
+        // Deleting every file must return the space too.
+        for (name, _) in &files {
+            s.unlink(ROOT_INO, name.as_bytes()).map_err(se)?;
+        }
+        s.gc().map_err(se)?;
+        let after_delete = dir_bytes(&dir.join("segments"))?;
         s.close().map_err(se)?;
         rep.gc = GcResult {
             rounds: 3,
@@ -459,10 +466,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             segment_bytes_after_gc: after,
             overhead_after_gc: after as f64 / st.live_bytes.max(1) as f64 - 1.0,
             gc_secs,
+            segment_bytes_after_delete_and_gc: after_delete,
         };
         println!(
-            "\nGC after writing the corpus and overwriting it 3 times (zstd:1): segment files {} before GC, {} after ({:.1}s); live compressed bytes {}; overhead {:.1}%",
-            human(before), human(after), gc_secs, human(st.live_bytes), rep.gc.overhead_after_gc * 100.0
+            "\nGC after writing the corpus and overwriting it 3 times (zstd:1): segment files {} before GC, {} after ({:.1}s); live compressed bytes {}; overhead {:.1}%; after deleting every file and GC: {}",
+            human(before), human(after), gc_secs, human(st.live_bytes), rep.gc.overhead_after_gc * 100.0, human(after_delete)
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
