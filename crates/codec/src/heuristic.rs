@@ -413,6 +413,40 @@ mod tests {
     }
 
     #[test]
+    fn already_compressed_data_is_near_random() {
+        // zstd output of text-like data: what a .zst or .gz file holds.
+        let mut text = Vec::new();
+        let mut s = 77u64;
+        while text.len() < 1 << 20 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let words = [
+                "extent ",
+                "sector ",
+                "the ",
+                "of ",
+                "compress ",
+                "zstd ",
+                "\n",
+            ];
+            text.extend_from_slice(words[(s % words.len() as u64) as usize].as_bytes());
+            text.extend_from_slice(&(s >> 40).to_string().into_bytes());
+        }
+        let mut c = crate::codec::Compressor::new();
+        let mut z = Vec::new();
+        let mut packed = Vec::new();
+        for chunk in text.chunks(1 << 20) {
+            c.compress(crate::spec::CodecSpec::default(), chunk, &mut z)
+                .unwrap();
+            packed.extend_from_slice(&z);
+        }
+        assert!(packed.len() >= 131072, "{}", packed.len());
+        let v = Heuristic::new().decide(&packed[..131072]);
+        assert_eq!(v, Verdict::no(Reason::NearRandom));
+    }
+
+    #[test]
     fn entropy_estimates() {
         let mut b = [0u32; 256];
         b[7] = 4096;

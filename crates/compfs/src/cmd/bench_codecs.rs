@@ -161,6 +161,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    if args.vs_cli && args.threads > 1 {
+        println!(
+            "note: zstd -b and lz4 -b run single-threaded; ours uses {} threads",
+            args.threads
+        );
+    }
     print_header(args.vs_cli);
     let mut rows = Vec::with_capacity(specs.len());
     for spec in specs {
