@@ -46,6 +46,8 @@ enum Command {
 enum BenchCommand {
     /// Compress files in extent-sized blocks with every codec and level; print ratio and speed.
     Codecs(cmd::bench_codecs::Args),
+    /// The filesystem against kernel btrfs: copy/read MB/s and ratio per method, untar, fio.
+    Fs(cmd::bench_fs::Args),
     /// compfs blk against kernel zram and nbdkit memory: ratio, memory, fio IOPS.
     Blk(cmd::bench_blk::Args),
     /// The store: sequential write speed vs single-thread compression, GC, random 4K overwrites.
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(BenchCommand::Codecs(a)) => cmd::bench_codecs::run(a),
+        Command::Bench(BenchCommand::Fs(a)) => cmd::bench_fs::run_bench(a),
         Command::Bench(BenchCommand::Blk(a)) => cmd::bench_blk::run(a),
         Command::Bench(BenchCommand::Heuristic(a)) => cmd::bench_heuristic::run(a),
         Command::Mount(a) => cmd::fs::mount(a),

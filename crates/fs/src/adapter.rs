@@ -608,7 +608,14 @@ impl Filesystem for CompFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.store.fsync(ino.0, datasync) {
+        // fsync of the mount's root directory makes the whole store durable, like syncfs(2)
+        // on a kernel file system (FUSE does not forward syncfs, so `sync` alone cannot).
+        let r = if ino.0 == ROOT_INO {
+            self.store.sync()
+        } else {
+            self.store.fsync(ino.0, datasync)
+        };
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.err(&e)),
         }

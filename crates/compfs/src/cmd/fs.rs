@@ -331,7 +331,11 @@ fn store_usage(dir: &Path) -> Result<UsageReport> {
 
 /// Walks a path on a mount (without following symlinks or leaving the file system) and adds
 /// every regular file's `compfs.usage` record, each inode once.
-fn walk_usage(root: &Path, seen: &mut HashSet<(u64, u64)>, total: &mut UsageReport) -> Result<()> {
+pub(crate) fn walk_usage(
+    root: &Path,
+    seen: &mut HashSet<(u64, u64)>,
+    total: &mut UsageReport,
+) -> Result<()> {
     let md = std::fs::symlink_metadata(root).with_context(|| format!("{}", root.display()))?;
     let dev = md.dev();
     let mut stack = vec![root.to_path_buf()];

@@ -1,0 +1,890 @@
+//! `compfs bench fs`: the method of the zstd btrfs patch (seed 000) — copy N copies of a corpus
+//! in with `compress-force=METHOD`, sync (write MB/s), ratio from the usage report, unmount,
+//! drop caches, remount, `tar cf - . | cat > /dev/null` (read MB/s) — on compfs and, with
+//! `--vs-btrfs`, on kernel btrfs on a loop image in the same run. Extra workloads: heuristic
+//! mode, 512 KiB extents, untar of a source tree, fio 4 KiB random overwrite.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args as ClapArgs;
+use compfs_codec::{CodecSpec, Mode};
+use compfs_fs::UsageReport;
+use compfs_store::{CreateOptions, Store};
+use serde::Serialize;
+
+use super::util::{human, parse_size};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Run every step on kernel btrfs too (root only: loop device, mkfs.btrfs, mount).
+    #[arg(long)]
+    pub vs_btrfs: bool,
+    /// The corpus: a directory, a .tar, or a .tar.zst (e.g. the Silesia corpus).
+    #[arg(long, value_name = "DIR|TAR")]
+    pub corpus: PathBuf,
+    /// Methods, btrfs syntax, comma-separated.
+    #[arg(
+        long,
+        default_value = "none,lzo,zlib:3,zstd:-5,zstd:1,zstd:3,zstd:9,zstd:15"
+    )]
+    pub methods: String,
+    /// Copies of the corpus for fast methods (none, lzo, lz4, zstd up to level 3).
+    #[arg(long, default_value_t = 10)]
+    pub copies_fast: u32,
+    /// Copies for slow methods (zlib, zstd above level 3).
+    #[arg(long, default_value_t = 3)]
+    pub copies_slow: u32,
+    /// Where stores, images and mount points go (default /var/tmp; must be on a real disk).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Skip the extra workloads (heuristic, 512K extents, untar, fio).
+    #[arg(long)]
+    pub no_extras: bool,
+    /// Tarball for the untar workload (default: a tar of /usr/include, ~8000 small files).
+    #[arg(long)]
+    pub untar: Option<PathBuf>,
+    /// File size for the fio 4 KiB random-overwrite workload.
+    #[arg(long, default_value = "256M")]
+    pub fio_size: String,
+    /// Write all rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw ratio against write MB/s per method (compfs and btrfs) as SVG here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Row {
+    pub fs: String,
+    pub workload: String,
+    pub method: String,
+    pub copies: u32,
+    pub bytes: u64,
+    pub write_secs: f64,
+    pub write_mbs: f64,
+    pub read_secs: f64,
+    pub read_mbs: f64,
+    /// Uncompressed / disk bytes of the data (usage report or compsize; df without compsize).
+    pub ratio: f64,
+    pub disk_bytes: u64,
+    /// How the ratio was measured.
+    pub ratio_source: String,
+    /// fio IOPS (fio workload only).
+    pub iops: f64,
+    /// Peak resident memory of the compfs daemon (VmHWM), MiB.
+    pub daemon_rss_mib: f64,
+    /// Errors or caveats.
+    pub note: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    corpus: String,
+    corpus_bytes: u64,
+    kernel: String,
+    rows: Vec<Row>,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let o = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !o.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn sh(script: &str, dir: &Path) -> Result<()> {
+    run(Command::new("sh").arg("-c").arg(script).current_dir(dir))
+}
+
+fn tree_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).with_context(|| format!("{}", p.display()))? {
+            let e = e?;
+            let md = e.metadata()?;
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.is_file() {
+                total += md.len();
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Flushes the page cache to the file system, and the file system to disk: `sync`, then an
+/// fsync of the mount's root directory (compfs: syncs the whole store; FUSE has no syncfs).
+fn full_sync(mnt: &Path) -> Result<()> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::File::open(mnt)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("fsync {}", mnt.display()))
+}
+
+fn drop_caches() -> bool {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+/// Cold read of everything under `mnt` the way the seed did it.
+fn read_all(mnt: &Path) -> Result<f64> {
+    let t = Instant::now();
+    sh("tar cf - . | cat > /dev/null", mnt)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// A compfs daemon for one measurement; unmounts on drop.
+struct CompfsMount {
+    child: Option<Child>,
+    mnt: PathBuf,
+}
+
+impl CompfsMount {
+    fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .arg("mount")
+            .arg(store)
+            .arg(mnt)
+            .args(["--foreground", "--notify-ready", "-o", opts])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot start the compfs daemon")?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no daemon stdout"))?;
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line)?;
+        let m = CompfsMount {
+            child: Some(child),
+            mnt: mnt.to_path_buf(),
+        };
+        if line.trim() != "ready" {
+            bail!("compfs mount -o {opts} did not come up");
+        }
+        Ok(m)
+    }
+
+    /// Peak RSS of the daemon so far, MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        let Some(c) = &self.child else { return 0.0 };
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", c.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+
+    fn unmount(mut self) -> Result<()> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let ok = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.mnt)
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(st) = child.try_wait()? {
+                if !st.success() {
+                    bail!("compfs daemon exited with {st}");
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("compfs daemon did not exit after unmount");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for CompfsMount {
+    fn drop(&mut self) {
+        let _ = self.unmount_inner();
+    }
+}
+
+/// A kernel btrfs on a loop image; unmounted on drop.
+struct BtrfsMount {
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl BtrfsMount {
+    fn new(img: &Path, mnt: &Path, opts: &str) -> Result<BtrfsMount> {
+        let mut o = String::from("loop");
+        if !opts.is_empty() {
+            o.push(',');
+            o.push_str(opts);
+        }
+        run(Command::new("mount")
+            .arg("-t")
+            .arg("btrfs")
+            .arg("-o")
+            .arg(&o)
+            .arg(img)
+            .arg(mnt))?;
+        Ok(BtrfsMount {
+            mnt: mnt.to_path_buf(),
+            mounted: true,
+        })
+    }
+
+    fn unmount(mut self) -> Result<()> {
+        self.mounted = false;
+        run(Command::new("umount").arg(&self.mnt))
+    }
+}
+
+impl Drop for BtrfsMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+fn mkfs_btrfs(img: &Path, size: u64) -> Result<()> {
+    let _ = std::fs::remove_file(img);
+    let f = std::fs::File::create(img)?;
+    f.set_len(size)?;
+    drop(f);
+    run(Command::new("mkfs.btrfs").args(["-f", "-q"]).arg(img))
+}
+
+/// btrfs ratio: compsize when installed, else df.
+fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
+    if let Ok(o) = Command::new("compsize").arg("-b").arg(mnt).output() {
+        if o.status.success() {
+            let text = String::from_utf8_lossy(&o.stdout);
+            if let Some(l) = text.lines().find(|l| l.starts_with("TOTAL")) {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                if let (Some(Ok(disk)), Some(Ok(unc))) = (
+                    f.get(2).map(|s| s.parse::<u64>()),
+                    f.get(3).map(|s| s.parse::<u64>()),
+                ) {
+                    if disk > 0 {
+                        return (unc as f64 / disk as f64, disk, "compsize".into());
+                    }
+                }
+            }
+        }
+    }
+    let used = df_used(mnt).saturating_sub(df_before).max(1);
+    (bytes as f64 / used as f64, used, "df".into())
+}
+
+fn df_used(p: &Path) -> u64 {
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+        return 0;
+    };
+    // SAFETY: zeroed statvfs is valid output storage; c is a valid path.
+    unsafe {
+        let mut s: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut s) != 0 {
+            return 0;
+        }
+        (s.f_blocks - s.f_bfree) * s.f_frsize
+    }
+}
+
+fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
+    let mut total = UsageReport::default();
+    super::fs::walk_usage(mnt, &mut HashSet::new(), &mut total)?;
+    let t = total.total();
+    Ok((t.uncompressed as f64 / t.disk.max(1) as f64, t.disk))
+}
+
+fn is_slow(method: &str) -> bool {
+    match CodecSpec::parse(method) {
+        Ok(p) => {
+            let s = p.spec;
+            matches!(s.algorithm(), compfs_codec::Algorithm::Zlib)
+                || (matches!(s.algorithm(), compfs_codec::Algorithm::Zstd) && s.level() > 3)
+        }
+        Err(_) => false,
+    }
+}
+
+/// btrfs spelling of a method for `-o compress-force=`.
+fn btrfs_opts(method: &str, force: bool) -> String {
+    let key = if force { "compress-force" } else { "compress" };
+    if method == "none" {
+        // btrfs has no compress-force=none; no option means no compression.
+        String::new()
+    } else {
+        format!("{key}={method}")
+    }
+}
+
+struct Ctx {
+    work: PathBuf,
+    corpus: PathBuf,
+    corpus_bytes: u64,
+    vs_btrfs: bool,
+    can_drop: bool,
+}
+
+impl Ctx {
+    fn fresh_store(&self, extent: u32) -> Result<PathBuf> {
+        let store = self.work.join("store");
+        if store.exists() {
+            std::fs::remove_dir_all(&store)?;
+        }
+        let opts = CreateOptions {
+            extent_size: extent,
+            compression: CodecSpec::default(),
+            mode: Mode::Heuristic,
+            force: false,
+        };
+        Store::create(&store, &opts)?.close()?;
+        Ok(store)
+    }
+
+    fn mnt(&self) -> Result<PathBuf> {
+        let m = self.work.join("mnt");
+        std::fs::create_dir_all(&m)?;
+        Ok(m)
+    }
+
+    fn copy_in(&self, mnt: &Path, copies: u32) -> Result<f64> {
+        let t = Instant::now();
+        for i in 0..copies {
+            run(Command::new("cp")
+                .arg("-r")
+                .arg(&self.corpus)
+                .arg(mnt.join(format!("copy{i}"))))?;
+        }
+        full_sync(mnt)?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Copy workload on compfs.
+    fn compfs_copy(
+        &self,
+        workload: &str,
+        method: &str,
+        opts: &str,
+        extent: u32,
+        copies: u32,
+    ) -> Result<Row> {
+        let store = self.fresh_store(extent)?;
+        let mnt = self.mnt()?;
+        let bytes = self.corpus_bytes * copies as u64;
+        let m = CompfsMount::new(&store, &mnt, opts)?;
+        let write_secs = self.copy_in(&mnt, copies)?;
+        let (ratio, disk) = compfs_ratio(&mnt)?;
+        let rss = m.peak_rss_mib();
+        m.unmount()?;
+        drop_caches();
+        let m = CompfsMount::new(&store, &mnt, "")?;
+        let read_secs = read_all(&mnt)?;
+        let rss = rss.max(m.peak_rss_mib());
+        m.unmount()?;
+        std::fs::remove_dir_all(&store)?;
+        Ok(Row {
+            fs: "compfs".into(),
+            workload: workload.into(),
+            method: method.into(),
+            copies,
+            bytes,
+            write_secs,
+            write_mbs: bytes as f64 / write_secs / 1e6,
+            read_secs,
+            read_mbs: bytes as f64 / read_secs / 1e6,
+            ratio,
+            disk_bytes: disk,
+            ratio_source: "compfs usage".into(),
+            daemon_rss_mib: rss,
+            note: if self.can_drop {
+                String::new()
+            } else {
+                "caches not dropped (not root)".into()
+            },
+            ..Row::default()
+        })
+    }
+
+    fn btrfs_image(&self, copies: u32) -> Result<PathBuf> {
+        let img = self.work.join("btrfs.img");
+        let size = (self.corpus_bytes * copies as u64 * 2).max(4 << 30);
+        mkfs_btrfs(&img, size)?;
+        Ok(img)
+    }
+
+    fn btrfs_copy(&self, workload: &str, method: &str, opts: &str, copies: u32) -> Result<Row> {
+        let img = self.btrfs_image(copies)?;
+        let mnt = self.mnt()?;
+        let bytes = self.corpus_bytes * copies as u64;
+        let m = BtrfsMount::new(&img, &mnt, opts)?;
+        let before = df_used(&mnt);
+        let write_secs = self.copy_in(&mnt, copies)?;
+        let (ratio, disk, src) = btrfs_ratio(&mnt, bytes, before);
+        m.unmount()?;
+        drop_caches();
+        let m = BtrfsMount::new(&img, &mnt, opts)?;
+        let read_secs = read_all(&mnt)?;
+        m.unmount()?;
+        std::fs::remove_file(&img)?;
+        Ok(Row {
+            fs: "btrfs".into(),
+            workload: workload.into(),
+            method: method.into(),
+            copies,
+            bytes,
+            write_secs,
+            write_mbs: bytes as f64 / write_secs / 1e6,
+            read_secs,
+            read_mbs: bytes as f64 / read_secs / 1e6,
+            ratio,
+            disk_bytes: disk,
+            ratio_source: src,
+            ..Row::default()
+        })
+    }
+
+    /// Untar of a source tree, then sync.
+    fn untar(&self, fs: &str, tarball: &Path, bytes: u64) -> Result<Row> {
+        let mnt = self.mnt()?;
+        let run_it = |mnt: &Path| -> Result<f64> {
+            let t = Instant::now();
+            run(Command::new("tar")
+                .arg("xf")
+                .arg(tarball)
+                .arg("-C")
+                .arg(mnt))?;
+            full_sync(mnt)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let secs = if fs == "compfs" {
+            let store = self.fresh_store(128 << 10)?;
+            let m = CompfsMount::new(&store, &mnt, "compress=zstd:3")?;
+            let s = run_it(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_dir_all(&store)?;
+            s
+        } else {
+            let img = self.btrfs_image(1)?;
+            let m = BtrfsMount::new(&img, &mnt, "compress=zstd:3")?;
+            let s = run_it(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_file(&img)?;
+            s
+        };
+        Ok(Row {
+            fs: fs.into(),
+            workload: "untar".into(),
+            method: "zstd:3".into(),
+            copies: 1,
+            bytes,
+            write_secs: secs,
+            write_mbs: bytes as f64 / secs / 1e6,
+            ..Row::default()
+        })
+    }
+
+    /// fio 4 KiB random overwrite of one file.
+    fn fio(&self, fs: &str, size: u64) -> Result<Row> {
+        let mnt = self.mnt()?;
+        let run_fio = |mnt: &Path| -> Result<f64> {
+            let o = Command::new("fio")
+                .args([
+                    "--name=randwrite",
+                    "--rw=randwrite",
+                    "--bs=4k",
+                    "--ioengine=psync",
+                    "--end_fsync=1",
+                    "--randrepeat=1",
+                    "--output-format=json",
+                ])
+                .arg(format!("--size={size}"))
+                .arg(format!("--filename={}", mnt.join("fio.dat").display()))
+                .output()
+                .context("cannot run fio (scripts/deps.sh installs it)")?;
+            if !o.status.success() {
+                bail!("fio failed: {}", String::from_utf8_lossy(&o.stderr));
+            }
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+                .or_else(|_| {
+                    // fio may print notes before the JSON.
+                    let s = String::from_utf8_lossy(&o.stdout);
+                    let i = s.find('{').unwrap_or(0);
+                    serde_json::from_str(&s[i..])
+                })
+                .context("cannot parse fio's JSON")?;
+            v["jobs"][0]["write"]["iops"]
+                .as_f64()
+                .ok_or_else(|| anyhow!("fio JSON has no write iops"))
+        };
+        let iops = if fs == "compfs" {
+            let store = self.fresh_store(128 << 10)?;
+            let m = CompfsMount::new(&store, &mnt, "compress-force=zstd:3")?;
+            let r = run_fio(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_dir_all(&store)?;
+            r
+        } else {
+            let img = self.btrfs_image(1)?;
+            let m = BtrfsMount::new(&img, &mnt, "compress-force=zstd:3")?;
+            let r = run_fio(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_file(&img)?;
+            r
+        };
+        Ok(Row {
+            fs: fs.into(),
+            workload: "fio-4k-randwrite".into(),
+            method: "zstd:3".into(),
+            copies: 1,
+            bytes: size,
+            iops,
+            ..Row::default()
+        })
+    }
+}
+
+/// Unpacks a tar or tar.zst corpus into `dest`, or returns the directory as is.
+fn prepare_corpus(src: &Path, work: &Path) -> Result<PathBuf> {
+    if src.is_dir() {
+        return Ok(src.to_path_buf());
+    }
+    if !src.is_file() {
+        bail!(
+            "corpus {} is neither a directory nor a tar file",
+            src.display()
+        );
+    }
+    let dest = work.join("corpus");
+    std::fs::create_dir_all(&dest)?;
+    let name = src.to_string_lossy();
+    let script = if name.ends_with(".zst") || name.ends_with(".tzst") {
+        format!(
+            "zstd -dc '{}' | tar xf - -C '{}'",
+            src.display(),
+            dest.display()
+        )
+    } else {
+        format!("tar xf '{}' -C '{}'", src.display(), dest.display())
+    };
+    sh(&script, work).context("unpacking the corpus (zstd and tar must be installed)")?;
+    Ok(dest)
+}
+
+fn fmt_ratio(a: f64, b: f64) -> String {
+    if a > 0.0 && b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    let find = |fs: &str, w: &str, m: &str| {
+        rows.iter()
+            .find(|r| r.fs == fs && r.workload == w && r.method == m)
+    };
+    println!(
+        "{:<16} {:<8} {:>6} {:>7} | {:>8} {:>8} {:>6} {:>6} | {:>8} {:>8} {:>6} | {:>7} {:>7} {:>7}",
+        "workload", "method", "copies", "MB", "cf wr", "cf rd", "cf x", "RSS", "bt wr", "bt rd", "bt x", "wr c/b", "rd c/b", "x c/b"
+    );
+    let mut seen = Vec::new();
+    for r in rows {
+        let key = (r.workload.clone(), r.method.clone());
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let c = find("compfs", &r.workload, &r.method);
+        let b = find("btrfs", &r.workload, &r.method);
+        let num = |v: Option<f64>, w: usize, p: usize| match v {
+            Some(x) if x > 0.0 => format!("{x:>w$.p$}"),
+            _ => format!("{:>w$}", "-"),
+        };
+        let (cw, cr, cx, rss) = (
+            c.map(|r| if r.iops > 0.0 { r.iops } else { r.write_mbs }),
+            c.map(|r| r.read_mbs),
+            c.map(|r| r.ratio),
+            c.map(|r| r.daemon_rss_mib),
+        );
+        let (bw, br, bx) = (
+            b.map(|r| if r.iops > 0.0 { r.iops } else { r.write_mbs }),
+            b.map(|r| r.read_mbs),
+            b.map(|r| r.ratio),
+        );
+        println!(
+            "{:<16} {:<8} {:>6} {:>7.0} | {} {} {} {} | {} {} {} | {:>7} {:>7} {:>7}",
+            r.workload,
+            r.method,
+            r.copies,
+            r.bytes as f64 / 1e6,
+            num(cw, 8, 1),
+            num(cr, 8, 1),
+            num(cx, 6, 2),
+            num(rss, 6, 0),
+            num(bw, 8, 1),
+            num(br, 8, 1),
+            num(bx, 6, 2),
+            fmt_ratio(cw.unwrap_or(0.0), bw.unwrap_or(0.0)),
+            fmt_ratio(cr.unwrap_or(0.0), br.unwrap_or(0.0)),
+            fmt_ratio(cx.unwrap_or(0.0), bx.unwrap_or(0.0)),
+        );
+        for x in [c, b].into_iter().flatten() {
+            if !x.note.is_empty() {
+                println!("    {} {}: {}", x.fs, x.method, x.note);
+            }
+        }
+    }
+    println!("(wr/rd = MB/s, or IOPS for fio; x = compression ratio; RSS = compfs daemon peak MiB; c/b = compfs / btrfs)");
+}
+
+fn plot(rows: &[Row], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let pts: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.workload == "copy" && r.write_mbs > 0.0 && r.ratio > 0.0)
+        .collect();
+    if pts.is_empty() {
+        bail!("nothing to plot");
+    }
+    let xmax = pts.iter().map(|r| r.write_mbs).fold(0.0, f64::max) * 1.15;
+    let ymax = pts.iter().map(|r| r.ratio).fold(0.0, f64::max) * 1.1;
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (1000, 700)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "compfs vs kernel btrfs: ratio against write MB/s (copy + sync)",
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..xmax, 0.8..ymax)?;
+        chart
+            .configure_mesh()
+            .x_desc("write MB/s")
+            .y_desc("ratio")
+            .draw()?;
+        for (fs, colour) in [("compfs", BLUE), ("btrfs", RED)] {
+            let series: Vec<&&Row> = pts.iter().filter(|r| r.fs == fs).collect();
+            chart
+                .draw_series(
+                    series
+                        .iter()
+                        .map(|r| Circle::new((r.write_mbs, r.ratio), 5, colour.filled())),
+                )?
+                .label(fs)
+                .legend(move |(x, y)| Circle::new((x, y), 5, colour.filled()));
+            for r in series {
+                chart.draw_series(std::iter::once(Text::new(
+                    r.method.clone(),
+                    (r.write_mbs, r.ratio),
+                    ("sans-serif", 12).into_font(),
+                )))?;
+            }
+        }
+        chart.configure_series_labels().border_style(BLACK).draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))
+}
+
+pub fn run_bench(a: Args) -> Result<std::process::ExitCode> {
+    if a.vs_btrfs && !is_root() {
+        bail!("--vs-btrfs needs root (loop device, mkfs.btrfs, mount)");
+    }
+    let base = a
+        .workdir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let work = base.join(format!("compfs-bench-fs.{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let result = bench(&a, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn bench(a: &Args, work: &Path) -> Result<std::process::ExitCode> {
+    let corpus = prepare_corpus(&a.corpus, work)?;
+    let corpus_bytes = tree_bytes(&corpus)?;
+    if corpus_bytes == 0 {
+        bail!("corpus {} holds no data", a.corpus.display());
+    }
+    let can_drop = drop_caches();
+    let ctx = Ctx {
+        work: work.to_path_buf(),
+        corpus,
+        corpus_bytes,
+        vs_btrfs: a.vs_btrfs,
+        can_drop,
+    };
+    eprintln!(
+        "corpus: {} ({}); work dir {}",
+        a.corpus.display(),
+        human(corpus_bytes),
+        work.display()
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let record = |r: Result<Row>, fs: &str, w: &str, m: &str, rows: &mut Vec<Row>| match r {
+        Ok(r) => {
+            eprintln!(
+                "  {fs:<6} {w:<16} {m:<8} write {:>7.1} MB/s  read {:>7.1} MB/s  ratio {:.2}{}",
+                r.write_mbs,
+                r.read_mbs,
+                r.ratio,
+                if r.iops > 0.0 {
+                    format!("  {:.0} IOPS", r.iops)
+                } else {
+                    String::new()
+                }
+            );
+            rows.push(r);
+        }
+        Err(e) => {
+            eprintln!("  {fs:<6} {w:<16} {m:<8} FAILED: {e:#}");
+            rows.push(Row {
+                fs: fs.into(),
+                workload: w.into(),
+                method: m.into(),
+                note: format!("failed: {e:#}"),
+                ..Row::default()
+            });
+        }
+    };
+    for method in a
+        .methods
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+    {
+        CodecSpec::parse(method).map_err(|e| anyhow!("--methods: {e}"))?;
+        let copies = if is_slow(method) {
+            a.copies_slow
+        } else {
+            a.copies_fast
+        };
+        let r = ctx.compfs_copy(
+            "copy",
+            method,
+            &format!("compress-force={method}"),
+            128 << 10,
+            copies,
+        );
+        record(r, "compfs", "copy", method, &mut rows);
+        if ctx.vs_btrfs {
+            let r = ctx.btrfs_copy("copy", method, &btrfs_opts(method, true), copies);
+            record(r, "btrfs", "copy", method, &mut rows);
+        }
+    }
+    if !a.no_extras {
+        let copies = a.copies_fast;
+        let r = ctx.compfs_copy(
+            "copy-heuristic",
+            "zstd:3",
+            "compress=zstd:3",
+            128 << 10,
+            copies,
+        );
+        record(r, "compfs", "copy-heuristic", "zstd:3", &mut rows);
+        if ctx.vs_btrfs {
+            let r = ctx.btrfs_copy("copy-heuristic", "zstd:3", "compress=zstd:3", copies);
+            record(r, "btrfs", "copy-heuristic", "zstd:3", &mut rows);
+        }
+        let r = ctx.compfs_copy(
+            "copy-512K",
+            "zstd:3",
+            "compress-force=zstd:3",
+            512 << 10,
+            copies,
+        );
+        record(r, "compfs", "copy-512K", "zstd:3", &mut rows);
+        // untar of a source tree
+        let tarball = match &a.untar {
+            Some(t) => t.clone(),
+            None => {
+                let t = work.join("src.tar");
+                sh(&format!("tar cf '{}' -C /usr include", t.display()), work)
+                    .context("building the untar workload from /usr/include")?;
+                t
+            }
+        };
+        let tar_bytes = std::fs::metadata(&tarball)?.len();
+        for fs in ["compfs", "btrfs"] {
+            if fs == "btrfs" && !ctx.vs_btrfs {
+                continue;
+            }
+            let r = ctx.untar(fs, &tarball, tar_bytes);
+            record(r, fs, "untar", "zstd:3", &mut rows);
+        }
+        let size = parse_size(&a.fio_size)?;
+        for fs in ["compfs", "btrfs"] {
+            if fs == "btrfs" && !ctx.vs_btrfs {
+                continue;
+            }
+            let r = ctx.fio(fs, size);
+            record(r, fs, "fio-4k-randwrite", "zstd:3", &mut rows);
+        }
+    }
+    println!();
+    print_table(&rows);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let report = Report {
+        corpus: a.corpus.display().to_string(),
+        corpus_bytes,
+        kernel,
+        rows,
+    };
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", j.display()))?;
+    }
+    if let Some(p) = &a.plot {
+        plot(&report.rows, p)?;
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
