@@ -241,10 +241,8 @@ const NEAR_RANDOM_BITS: f32 = 7.9;
 /// At or below this many bits per byte (8 KiB sample), Huffman coding alone saves more than 8%,
 /// comfortably past the one-sector rule, so compress without a trial.
 const ENTROPY_COMPRESS_BITS: f32 = 7.3;
-/// The LZ4 trial covers this much of the extent, taken from its middle.
-const TRIAL_LEN: usize = 32 * 1024;
-/// The trial must save at least 1/TRIAL_MIN_SAVING_DIV of what it compressed (LZ4 saving a
-/// little usually means zstd saves more, enough for the one-sector rule).
+/// The trial must save at least 1/TRIAL_MIN_SAVING_DIV of the extent (LZ4 saving a little
+/// usually means zstd saves more, enough for the one-sector rule).
 const TRIAL_MIN_SAVING_DIV: usize = 32;
 
 /// compfs's heuristic, the policy of compress (not compress-force) mode:
@@ -255,8 +253,11 @@ const TRIAL_MIN_SAVING_DIV: usize = 32;
 /// 3. where btrfs says no, an entropy estimate from the same 8 KiB sample: at most 7.3 bits per
 ///    byte means entropy coding alone pays (btrfs rejects such data when the byte values are
 ///    spread evenly, as in 16-bit images);
-/// 4. otherwise an LZ4 trial over 32 KiB from the middle of the extent catches structured binary
-///    data (databases, executables) that has high byte entropy but real repetition.
+/// 4. otherwise an LZ4 trial over the whole extent catches structured binary data (databases,
+///    executables) that has high byte entropy but real repetition. (A trial on a window missed
+///    executables whose middle holds an incompressible blob; LZ4 skips quickly through such
+///    parts, and data reaching this step has byte entropy below 7.9 bits, so it is mostly
+///    compressible anyway.)
 ///
 /// Holds the trial's scratch buffer and LZ4 state so deciding allocates nothing after the first
 /// call.
@@ -291,10 +292,8 @@ impl Heuristic {
         if sample_entropy(&bucket, n) <= ENTROPY_COMPRESS_BITS {
             return Verdict::yes(Reason::EntropyModerate);
         }
-        // 4. LZ4 trial on the middle of the extent.
-        let start = data.len().saturating_sub(TRIAL_LEN) / 2;
-        let part = &data[start..(start + TRIAL_LEN).min(data.len())];
-        let bound = crate::lz4::compress_bound(part.len());
+        // 4. LZ4 trial.
+        let bound = crate::lz4::compress_bound(data.len());
         if self.scratch.len() < bound {
             self.scratch.resize(bound, 0);
         }
@@ -304,9 +303,9 @@ impl Heuristic {
         let trial = self
             .lz4
             .as_mut()
-            .and_then(|c| c.compress(part, &mut self.scratch));
+            .and_then(|c| c.compress(data, &mut self.scratch));
         match trial {
-            Some(z) if z + part.len() / TRIAL_MIN_SAVING_DIV <= part.len() => {
+            Some(z) if z + data.len() / TRIAL_MIN_SAVING_DIV <= data.len() => {
                 Verdict::yes(Reason::TrialCompressible)
             }
             _ => Verdict::no(Reason::TrialIncompressible),
