@@ -33,7 +33,7 @@ pub(crate) struct FlushMeta {
 
 /// A batch of blocks being compressed by the pool, to be committed by the next flush.
 pub(crate) struct Pending {
-    rx: std::sync::mpsc::Receiver<(usize, EncodedBlock)>,
+    rx: std::sync::mpsc::Receiver<(usize, Vec<EncodedBlock>)>,
     n: usize,
     meta: FlushMeta,
     /// The blocks of this batch (to retire them from `flying` once committed).
@@ -113,6 +113,9 @@ pub(crate) struct FileState {
 thread_local! {
     static DECOMPRESSOR: RefCell<Decompressor> = RefCell::new(Decompressor::new());
     static ENCODER: RefCell<compfs_codec::ExtentEncoder> = RefCell::new(compfs_codec::ExtentEncoder::new());
+    /// Reused compression output buffer of this thread (a fresh 128 KiB buffer per extent
+    /// would cost page faults); results are copied out at their exact size.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 enum Out {
@@ -259,7 +262,16 @@ impl Inner {
     }
 
     /// Makes sure block `b` is buffered, loading its persisted bytes when there are any.
-    fn load_block(&self, ino: Ino, d: &mut Dirty, b: u64, whole: bool) -> Result<()> {
+    /// `whole`: no persisted bytes are needed (the block is new or fully overwritten);
+    /// `overwritten`: the caller overwrites all of it, so the buffer need not be zeroed.
+    fn load_block(
+        &self,
+        ino: Ino,
+        d: &mut Dirty,
+        b: u64,
+        whole: bool,
+        overwritten: bool,
+    ) -> Result<()> {
         if d.blocks.contains_key(&b) {
             return Ok(());
         }
@@ -270,7 +282,7 @@ impl Inner {
             self.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
             return Ok(());
         }
-        let mut v = vec![0u8; e as usize];
+        let mut v = self.take_buf(!overwritten);
         if !whole && b * e < d.base_size {
             let _g = self.seg_barrier.read();
             let txn = self.db.begin_read()?;
@@ -443,7 +455,7 @@ impl Inner {
             .copied()
             .filter(|&b| b * e < d.size)
             .collect();
-        let mut jobs = Vec::with_capacity(ids.len());
+        let mut jobs: Vec<EncodeJob> = Vec::with_capacity(ids.len());
         let mut mine = Vec::with_capacity(ids.len());
         for b in ids {
             let Some(v) = d.blocks.remove(&b) else {
@@ -454,12 +466,11 @@ impl Inner {
             mine.push((b, a.clone()));
             let len = (d.size - b * e).min(e) as usize;
             let inline = inline_ok && b == 0;
-            jobs.push(move |enc: &mut compfs_codec::ExtentEncoder| {
+            jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
                 (encode_block(enc, &policy, b, &a[..len], inline), a)
-            });
+            }));
         }
-        let n = jobs.len();
-        let rx = self.pool.submit(jobs);
+        let (rx, n) = self.submit_grouped(jobs);
         d.pending.push_back(Pending {
             rx,
             n,
@@ -477,6 +488,57 @@ impl Inner {
             self.finish_oldest(ino, d)?;
         }
         Ok(())
+    }
+
+    /// Queues jobs on the pool in a few groups (about two per worker), so that a batch costs a
+    /// few thread wake-ups instead of one per extent. Returns the channel and group count.
+    fn submit_grouped(
+        &self,
+        jobs: Vec<EncodeJob>,
+    ) -> (std::sync::mpsc::Receiver<(usize, Vec<EncodedBlock>)>, usize) {
+        let groups = (self.pool.threads * 2).clamp(1, jobs.len().max(1));
+        let per = jobs.len().div_ceil(groups).max(1);
+        let mut grouped: Vec<Vec<EncodeJob>> = Vec::new();
+        let mut it = jobs.into_iter().peekable();
+        while it.peek().is_some() {
+            grouped.push(it.by_ref().take(per).collect());
+        }
+        let n = grouped.len();
+        let rx = self.pool.submit(
+            grouped
+                .into_iter()
+                .map(|g| {
+                    move |enc: &mut compfs_codec::ExtentEncoder| {
+                        g.into_iter().map(|j| j(enc)).collect::<Vec<EncodedBlock>>()
+                    }
+                })
+                .collect(),
+        );
+        (rx, n)
+    }
+
+    /// A block buffer of `extent_size` bytes, reused when one is free (zeroed when asked).
+    pub(crate) fn take_buf(&self, zero: bool) -> Vec<u8> {
+        let e = self.sb.extent_size as usize;
+        match lock(&self.bufs).pop() {
+            Some(mut v) => {
+                if zero {
+                    v.fill(0);
+                }
+                v
+            }
+            None => vec![0u8; e],
+        }
+    }
+
+    /// Returns a block buffer for reuse.
+    pub(crate) fn give_buf(&self, v: Vec<u8>) {
+        if v.len() == self.sb.extent_size as usize {
+            let mut b = lock(&self.bufs);
+            if b.len() < 64 {
+                b.push(v);
+            }
+        }
     }
 
     /// Flushes everything buffered in `d` synchronously, keeping `d` as an empty buffer.
@@ -505,30 +567,38 @@ impl Inner {
         let Some(p) = d.pending.pop_front() else {
             return Ok(());
         };
-        let mut results = Vec::with_capacity(p.n);
-        while results.len() < p.n {
+        let mut results = Vec::new();
+        let mut groups = 0;
+        while groups < p.n {
             match p.rx.recv() {
-                Ok((_, r)) => results.push(r),
+                Ok((_, r)) => {
+                    results.extend(r);
+                    groups += 1;
+                }
                 Err(_) => break,
             }
         }
-        let res = if results.len() < p.n {
+        let res = if groups < p.n {
             Err(Error::Io(std::io::Error::other("compression worker lost")))
         } else {
             self.commit_encoded(ino, &p.meta, false, results)
         };
         match res {
             Ok(()) | Err(Error::NotFound) => {
-                for (b, a) in &p.blocks {
+                for (b, a) in p.blocks.iter() {
                     if d.flying.get(b).is_some_and(|f| Arc::ptr_eq(f, a)) {
                         d.flying.remove(b);
                     }
                 }
+                let flown = p.blocks.len();
+                for (_, a) in p.blocks {
+                    if let Ok(v) = Arc::try_unwrap(a) {
+                        self.give_buf(v);
+                    }
+                }
                 d.base_size = d.base_size.max(p.meta.size);
-                self.dirty_bytes.fetch_sub(
-                    p.blocks.len() * self.sb.extent_size as usize,
-                    Ordering::Relaxed,
-                );
+                self.dirty_bytes
+                    .fetch_sub(flown * self.sb.extent_size as usize, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
@@ -576,7 +646,7 @@ impl Inner {
                 }
             }
             for b in promote {
-                self.load_block(ino, d, b, false)?;
+                self.load_block(ino, d, b, false, false)?;
             }
         }
         let live: Vec<u64> = d
@@ -619,7 +689,17 @@ impl Inner {
                 .map(|j| ENCODER.with(|enc| j(&mut enc.borrow_mut())))
                 .collect()
         } else {
-            self.pool.map(jobs)
+            let (rx, n) = self.submit_grouped(jobs);
+            let mut v = Vec::new();
+            for _ in 0..n {
+                match rx.recv() {
+                    Ok((_, r)) => v.extend(r),
+                    Err(_) => {
+                        return Err(Error::Io(std::io::Error::other("compression worker lost")))
+                    }
+                }
+            }
+            v
         };
         let meta = FlushMeta {
             size: d.size,
@@ -642,6 +722,11 @@ impl Inner {
             }
         } else {
             d.partial.clear();
+            for (_, a) in keep {
+                if let Ok(v) = Arc::try_unwrap(a) {
+                    self.give_buf(v);
+                }
+            }
         }
         res
     }
@@ -730,13 +815,11 @@ impl Inner {
         for id in freed {
             cache.remove(id);
         }
-        for (i, id, _, _) in &placed {
-            if encoded[*i].full {
-                if let Some(block) = blocks.remove(&encoded[*i].block) {
-                    cache.insert(*id, block);
-                }
-            }
-        }
+        drop(cache);
+        // Written blocks are not cached (the kernel's page cache holds them on a mount); their
+        // buffers are reused for the next writes.
+        let _ = &placed;
+        drop(blocks);
         Ok(())
     }
 
@@ -888,7 +971,7 @@ impl Inner {
             }
             if size % e != 0 {
                 let b = size / e;
-                self.load_block(ino, d, b, false)?;
+                self.load_block(ino, d, b, false, false)?;
                 if let Some(v) = d.blocks.get_mut(&b) {
                     v[(size % e) as usize..].fill(0);
                 }
@@ -959,8 +1042,8 @@ fn encode_block(
         };
     }
     if inline {
-        let mut dst = Vec::new();
         if !policy.spec.is_none() {
+            let mut dst = Vec::new();
             if let Ok(n) = enc.compressor.compress(policy.spec, src, &mut dst) {
                 if n < len {
                     dst.truncate(n);
@@ -992,24 +1075,28 @@ fn encode_block(
             }),
         };
     }
-    let mut dst = Vec::new();
-    let outcome = match enc.encode(policy, src, &mut dst) {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::warn!("compfs: compressor failed ({e}); storing extent raw");
-            ExtentOutcome::Raw(RawReason::NotWorthIt)
-        }
-    };
-    let out = match outcome {
-        ExtentOutcome::Compressed { len: n } => {
-            dst.truncate(n);
-            Out::Extent {
-                codec: policy.spec.algorithm().id(),
-                level: policy.spec.level() as i8,
-                stored: Some(dst),
-                reason: None,
+    let (outcome, dst) = SCRATCH.with(|scratch| {
+        let mut dst = scratch.borrow_mut();
+        let outcome = match enc.encode(policy, src, &mut dst) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("compfs: compressor failed ({e}); storing extent raw");
+                ExtentOutcome::Raw(RawReason::NotWorthIt)
             }
-        }
+        };
+        let out = match outcome {
+            ExtentOutcome::Compressed { len: n } => dst[..n].to_vec(),
+            ExtentOutcome::Raw(_) => Vec::new(),
+        };
+        (outcome, out)
+    });
+    let out = match outcome {
+        ExtentOutcome::Compressed { .. } => Out::Extent {
+            codec: policy.spec.algorithm().id(),
+            level: policy.spec.level() as i8,
+            stored: Some(dst),
+            reason: None,
+        },
         ExtentOutcome::Raw(r) => Out::Extent {
             codec: 0,
             level: 0,
@@ -1095,10 +1182,10 @@ impl Store {
                     Arc::make_mut(&mut p.data)[s..s + n].copy_from_slice(&data[from..from + n]);
                     p.add(s, s + n);
                     if p.covered() * 2 >= e as usize {
-                        inner.load_block(ino, d, b, false)?;
+                        inner.load_block(ino, d, b, false, false)?;
                     }
                 } else {
-                    inner.load_block(ino, d, b, fresh)?;
+                    inner.load_block(ino, d, b, fresh, whole)?;
                     if let Some(v) = d.blocks.get_mut(&b) {
                         v[s..s + n].copy_from_slice(&data[from..from + n]);
                     }
@@ -1142,7 +1229,7 @@ impl Store {
                         }
                         d.punch.push((bs, bs + e));
                     } else {
-                        inner.load_block(ino, d, b, false)?;
+                        inner.load_block(ino, d, b, false, false)?;
                         if let Some(v) = d.blocks.get_mut(&b) {
                             let s = offset.max(bs) - bs;
                             let t = end.min(be) - bs;

@@ -48,24 +48,6 @@ impl Pool {
         })
     }
 
-    /// Runs every job on the pool and returns their results in order. Runs a job on the calling
-    /// thread when the pool is shut down.
-    pub(crate) fn map<T, F>(&self, jobs: Vec<F>) -> Vec<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut ExtentEncoder) -> T + Send + 'static,
-    {
-        let n = jobs.len();
-        let rrx = self.submit(jobs);
-        let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
-        while let Ok((i, t)) = rrx.recv() {
-            results[i] = Some(t);
-        }
-        // Every job sends exactly once before its sender clone drops, and recv() only fails
-        // after all clones dropped, so every slot is filled.
-        results.into_iter().flatten().collect()
-    }
-
     /// Queues every job and returns the channel their `(index, result)` pairs arrive on.
     pub(crate) fn submit<T, F>(&self, jobs: Vec<F>) -> Receiver<(usize, T)>
     where

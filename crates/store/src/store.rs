@@ -120,6 +120,8 @@ pub(crate) struct Inner {
     pub pool: Pool,
     pub counters: Counters,
     pub dirty_bytes: AtomicUsize,
+    /// Free block buffers for reuse.
+    pub bufs: Mutex<Vec<Vec<u8>>>,
     pub next_extent: AtomicU64,
     pub gc_lock: Mutex<()>,
     pub last_durable: Mutex<Instant>,
@@ -424,6 +426,7 @@ impl Store {
             pool: Pool::new(opts.threads)?,
             counters: Counters::default(),
             dirty_bytes: AtomicUsize::new(0),
+            bufs: Mutex::new(Vec::new()),
             next_extent: AtomicU64::new(next_extent),
             gc_lock: Mutex::new(()),
             last_durable: Mutex::new(Instant::now()),
