@@ -741,6 +741,32 @@ impl PageStore {
         }
     }
 
+    /// Decodes every page that `kind` selects and `keep` accepts and hands it to `f` with its
+    /// shard's table locked: the walk `recompress` and `writeback` share.
+    fn walk_selected(
+        &self,
+        kind: PageKind,
+        keep: impl Fn(&Entry) -> bool,
+        mut f: impl FnMut(&mut Ctx, &mut Table, usize, Entry, &[u8]) -> Result<(), BlkError>,
+    ) -> Result<(), BlkError> {
+        with_ctx(|ctx| {
+            let mut page_buf = vec![0u8; PAGE];
+            for (s, shard) in self.shards.iter().enumerate() {
+                let mut t = lock(shard);
+                for idx in 0..t.len() {
+                    let e = t[idx];
+                    if !Self::selected(kind, &e) || !keep(&e) {
+                        continue;
+                    }
+                    let page = idx as u64 * SHARDS as u64 + s as u64;
+                    self.decode(ctx, page, e, &mut page_buf)?;
+                    f(ctx, &mut t, idx, e, &page_buf)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// Re-compresses idle or huge pages with the secondary codecs in priority order, keeping a
     /// result only when it is smaller (zram's `recompress type=... threshold=...`). Pages whose
     /// compressed size is below `threshold` (if nonzero) are skipped. Returns pages changed.
@@ -748,60 +774,45 @@ impl PageStore {
         if self.codecs.len() < 2 {
             return Err(BlkError::NoRecomp);
         }
+        let keep = |e: &Entry| match e {
+            Entry::Obj { len, flags, .. } => {
+                flags & FLAG_NO_RECOMP == 0 && (threshold == 0 || u64::from(*len) >= threshold)
+            }
+            _ => false,
+        };
         let mut changed = 0;
-        with_ctx(|ctx| -> Result<(), BlkError> {
-            let mut page_buf = vec![0u8; PAGE];
-            for (s, shard) in self.shards.iter().enumerate() {
-                let mut t = lock(shard);
-                for idx in 0..t.len() {
-                    let e = t[idx];
-                    let Entry::Obj {
-                        len, codec, flags, ..
-                    } = e
-                    else {
-                        continue;
+        self.walk_selected(kind, keep, |ctx, t, idx, e, data| {
+            let Entry::Obj {
+                len, codec, flags, ..
+            } = e
+            else {
+                return Ok(());
+            };
+            let first = if codec == RAW { 1 } else { codec as usize + 1 };
+            for ci in first..self.codecs.len() {
+                let n = ctx.comp.compress(self.codecs[ci], data, &mut ctx.buf)?;
+                if n < len as usize && n <= HUGE_THRESHOLD {
+                    let obj = match self.pool.alloc(&ctx.buf[..n]) {
+                        Ok(o) => o,
+                        // Out of memory for the new copy: leave the page as it is.
+                        Err(PoolError::Limit { .. }) => return Ok(()),
+                        Err(e) => return Err(BlkError::Pool(e)),
                     };
-                    if !Self::selected(kind, &e)
-                        || flags & FLAG_NO_RECOMP != 0
-                        || (threshold != 0 && u64::from(len) < threshold)
-                    {
-                        continue;
-                    }
-                    let page = idx as u64 * SHARDS as u64 + s as u64;
-                    self.decode(ctx, page, e, &mut page_buf)?;
-                    let first = if codec == RAW { 1 } else { codec as usize + 1 };
-                    let mut done = false;
-                    for ci in first..self.codecs.len() {
-                        let n = ctx
-                            .comp
-                            .compress(self.codecs[ci], &page_buf, &mut ctx.buf)?;
-                        if n < len as usize && n <= HUGE_THRESHOLD {
-                            let obj = match self.pool.alloc(&ctx.buf[..n]) {
-                                Ok(o) => o,
-                                // Out of memory for the new copy: leave the page as it is.
-                                Err(PoolError::Limit { .. }) => break,
-                                Err(e) => return Err(BlkError::Pool(e)),
-                            };
-                            add(&self.c.pages_stored, 1);
-                            add(&self.c.compr_data_size, n as u64);
-                            self.free_entry(e);
-                            t[idx] = Entry::Obj {
-                                obj,
-                                len: n as u16,
-                                codec: ci as u8,
-                                flags,
-                            };
-                            changed += 1;
-                            done = true;
-                            break;
-                        }
-                    }
-                    if !done {
-                        if let Some(f) = t[idx].flags_mut() {
-                            *f |= FLAG_NO_RECOMP;
-                        }
-                    }
+                    add(&self.c.pages_stored, 1);
+                    add(&self.c.compr_data_size, n as u64);
+                    self.free_entry(e);
+                    t[idx] = Entry::Obj {
+                        obj,
+                        len: n as u16,
+                        codec: ci as u8,
+                        flags,
+                    };
+                    changed += 1;
+                    return Ok(());
                 }
+            }
+            if let Some(f) = t.get_mut(idx).and_then(Entry::flags_mut) {
+                *f |= FLAG_NO_RECOMP;
             }
             Ok(())
         })?;
@@ -813,50 +824,39 @@ impl PageStore {
     pub fn writeback(&self, kind: PageKind) -> Result<u64, BlkError> {
         let b = self.backing.as_ref().ok_or(BlkError::NoBacking)?;
         let mut written = 0;
-        with_ctx(|ctx| -> Result<(), BlkError> {
-            let mut page_buf = vec![0u8; PAGE];
-            for (s, shard) in self.shards.iter().enumerate() {
-                let mut t = lock(shard);
-                for idx in 0..t.len() {
-                    let e = t[idx];
-                    if !Self::selected(kind, &e) {
-                        continue;
-                    }
-                    let Entry::Obj { flags, .. } = e else {
-                        continue;
-                    };
-                    let page = idx as u64 * SHARDS as u64 + s as u64;
-                    self.decode(ctx, page, e, &mut page_buf)?;
-                    let slot = {
-                        let mut sl = lock(&b.slots);
-                        match sl.free.pop() {
-                            Some(x) => x,
-                            None => {
-                                let x = sl.next;
-                                sl.next += 1;
-                                x
-                            }
+        self.walk_selected(
+            kind,
+            |_| true,
+            |_, t, idx, e, data| {
+                let Entry::Obj { flags, .. } = e else {
+                    return Ok(());
+                };
+                let slot = {
+                    let mut sl = lock(&b.slots);
+                    match sl.free.pop() {
+                        Some(x) => x,
+                        None => {
+                            let x = sl.next;
+                            sl.next += 1;
+                            x
                         }
-                    };
-                    if let Err(err) = b
-                        .file
-                        .write_all_at(&page_buf, u64::from(slot) * PAGE as u64)
-                    {
-                        lock(&b.slots).free.push(slot);
-                        return Err(BlkError::BackingIo(err));
                     }
-                    self.free_entry(e);
-                    t[idx] = Entry::Backed {
-                        slot,
-                        flags: flags & !FLAG_IDLE,
-                    };
-                    add(&self.c.bd_count, 1);
-                    add(&self.c.bd_writes, 1);
-                    written += 1;
+                };
+                if let Err(err) = b.file.write_all_at(data, u64::from(slot) * PAGE as u64) {
+                    lock(&b.slots).free.push(slot);
+                    return Err(BlkError::BackingIo(err));
                 }
-            }
-            Ok(())
-        })?;
+                self.free_entry(e);
+                t[idx] = Entry::Backed {
+                    slot,
+                    flags: flags & !FLAG_IDLE,
+                };
+                add(&self.c.bd_count, 1);
+                add(&self.c.bd_writes, 1);
+                written += 1;
+                Ok(())
+            },
+        )?;
         Ok(written)
     }
 
