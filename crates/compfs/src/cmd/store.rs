@@ -189,6 +189,8 @@ struct SeqResult {
     store_write_no_sync_mb_s: f64,
     speedup: f64,
     ratio: f64,
+    /// One reader, 128 KiB reads, fresh store (extent cache empty).
+    read_mb_s: f64,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -367,8 +369,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "\nsequential write through the store API (128 KiB writes, then sync), compress-force:"
     );
     println!(
-        "{:<8} {:>14} {:>14} {:>14} {:>9} {:>7}",
-        "spec", "1-thread MB/s", "writes MB/s", "+sync MB/s", "speedup", "ratio"
+        "{:<8} {:>14} {:>14} {:>14} {:>9} {:>7} {:>10}",
+        "spec", "1-thread MB/s", "writes MB/s", "+sync MB/s", "speedup", "ratio", "read MB/s"
     );
     for l in a.levels.split(',') {
         let sp = spec(l)?;
@@ -376,6 +378,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         // in the machine's load hits both sides alike.
         let (mut st, mut w, mut el) = (0f64, Duration::MAX, Duration::MAX);
         let mut ratio = 0.0;
+        let mut read = Duration::MAX;
         let bytes = total * a.copies as u64;
         for round in 0..a.rounds.max(1) {
             st = st.max(single_thread(sp, &files)?);
@@ -403,6 +406,33 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             let u = s.usage(&[ROOT_INO]).map_err(se)?;
             ratio = u.total.referenced as f64 / u.total.disk.max(1) as f64;
             s.close().map_err(se)?;
+            // Read everything back through a freshly opened store (empty extent cache; the
+            // segment files may still be in the OS page cache).
+            let s = Store::open_tuned(&dir, &oo, bench_tuning()).map_err(se)?;
+            let t = Instant::now();
+            let mut buf = vec![0u8; 128 << 10];
+            let mut got = 0u64;
+            for e in s
+                .readdir(ROOT_INO, 0, usize::MAX)
+                .map_err(se)?
+                .into_iter()
+                .skip(2)
+            {
+                let mut off = 0u64;
+                loop {
+                    let n = s.read(e.ino, off, &mut buf).map_err(se)?;
+                    if n == 0 {
+                        break;
+                    }
+                    off += n as u64;
+                    got += n as u64;
+                }
+            }
+            read = read.min(t.elapsed());
+            if got != bytes {
+                bail!("read back {got} bytes, wrote {bytes}");
+            }
+            s.close().map_err(se)?;
             let _ = std::fs::remove_dir_all(&dir);
         }
         let r = SeqResult {
@@ -413,15 +443,17 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             store_write_no_sync_mb_s: mb_s(bytes, w),
             speedup: mb_s(bytes, el) / st,
             ratio,
+            read_mb_s: mb_s(bytes, read),
         };
         println!(
-            "{:<8} {:>14.1} {:>14.1} {:>14.1} {:>8.2}x {:>7.3}",
+            "{:<8} {:>14.1} {:>14.1} {:>14.1} {:>8.2}x {:>7.3} {:>10.1}",
             r.spec,
             r.single_thread_mb_s,
             r.store_write_no_sync_mb_s,
             r.store_write_mb_s,
             r.speedup,
-            r.ratio
+            r.ratio,
+            r.read_mb_s
         );
         rep.sequential.push(r);
     }
