@@ -199,6 +199,42 @@ fn attributes_and_permissions() {
         .status
         .success());
 
+    // chown kills setuid/setgid (setgid only with group exec), as on Linux
+    fs::write(m.path("suid"), "#!/bin/sh\n").unwrap();
+    fs::set_permissions(m.path("suid"), fs::Permissions::from_mode(0o6755)).unwrap();
+    assert_eq!(
+        fs::metadata(m.path("suid")).unwrap().mode() & 0o7777,
+        0o6755
+    );
+    std::os::unix::fs::chown(m.path("suid"), Some(1), None).unwrap();
+    assert_eq!(fs::metadata(m.path("suid")).unwrap().mode() & 0o7777, 0o755);
+    fs::set_permissions(m.path("suid"), fs::Permissions::from_mode(0o2745)).unwrap();
+    std::os::unix::fs::chown(m.path("suid"), Some(2), None).unwrap();
+    assert_eq!(
+        fs::metadata(m.path("suid")).unwrap().mode() & 0o7777,
+        0o2745
+    );
+    // a write by an unprivileged user kills setuid
+    fs::write(m.path("suidw"), "x").unwrap();
+    fs::set_permissions(m.path("suidw"), fs::Permissions::from_mode(0o4777)).unwrap();
+    let o = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("echo more >> '{}'", m.path("suidw").display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(fs::read_to_string(m.path("suidw")).unwrap(), "xmore\n");
+    assert_eq!(
+        fs::metadata(m.path("suidw")).unwrap().mode() & 0o7777,
+        0o777
+    );
+
     // setgid directories pass their group on
     fs::create_dir(m.path("sg")).unwrap();
     std::os::unix::fs::chown(m.path("sg"), None, Some(4242)).unwrap();

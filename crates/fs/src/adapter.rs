@@ -101,6 +101,37 @@ impl CompFs {
     }
 }
 
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+impl CompFs {
+    /// What the kernel leaves to us under FUSE_HANDLE_KILLPRIV_V2 on write, truncate and chown:
+    /// clear S_ISUID, clear S_ISGID when group-executable, drop file capabilities.
+    fn kill_suidgid(&self, attr: &Attr) -> Result<Attr, Error> {
+        if attr.kind != FileKind::File {
+            return Ok(*attr);
+        }
+        let mut perm = attr.perm & !0o4000;
+        if perm & 0o2010 == 0o2010 {
+            perm &= !0o2000;
+        }
+        let mut out = *attr;
+        if perm != attr.perm {
+            let set = SetAttr {
+                mode: Some(u32::from(perm)),
+                ..SetAttr::default()
+            };
+            out = self.store.setattr(attr.ino, &set)?;
+        }
+        if self.store.getxattr(attr.ino, CAPABILITY_XATTR).is_ok() {
+            match self.store.removexattr(attr.ino, CAPABILITY_XATTR) {
+                Ok(()) | Err(Error::NoXattr) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Finds a path of an inode by walking the tree from the root (only used for the corruption
 /// log line, so its cost does not matter). Gives up after visiting 1,000,000 entries.
 pub fn path_of(store: &Store, target: Ino) -> Option<Vec<u8>> {
@@ -244,7 +275,11 @@ impl Filesystem for CompFs {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_ASYNC_READ
-            | InitFlags::FUSE_BIG_WRITES;
+            | InitFlags::FUSE_BIG_WRITES
+            // We clear setuid/setgid bits ourselves (see `kill_suidgid`); in exchange the
+            // kernel sets SB_NOSEC and stops sending a GETXATTR(security.capability) before
+            // every write(2), a quarter of all requests when untarring.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!("kernel refused FUSE capabilities {missing:?}");
@@ -281,7 +316,7 @@ impl Filesystem for CompFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -306,7 +341,20 @@ impl Filesystem for CompFs {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(timestamp),
         };
-        match self.store.setattr(ino.0, &set) {
+        // Under FUSE_HANDLE_KILLPRIV_V2 the kernel no longer turns these into mode changes:
+        // chown of a non-directory always kills setuid/setgid (as Linux does); truncate does
+        // when the caller is not privileged (root stands in for CAP_FSETID, which FUSE does
+        // not pass on).
+        let kill = mode.is_none()
+            && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
+        let r = self.store.setattr(ino.0, &set).and_then(|a| {
+            if kill {
+                self.kill_suidgid(&a)
+            } else {
+                Ok(a)
+            }
+        });
+        match r {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(self.err(&e)),
         }
@@ -468,11 +516,20 @@ impl Filesystem for CompFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self
+                .store
+                .getattr(ino.0)
+                .and_then(|a| self.kill_suidgid(&a))
+            {
+                return reply.error(self.err(&e));
+            }
+        }
         match self.store.write(ino.0, offset, data) {
             Ok(n) => match u32::try_from(n) {
                 Ok(n) => reply.written(n),
