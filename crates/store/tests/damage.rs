@@ -294,3 +294,68 @@ fn injected_faults_turn_read_only_and_lose_nothing_acknowledged() {
         }
     }
 }
+
+#[test]
+fn fsck_finds_and_repairs_wrong_counts_and_dangling_entries() {
+    use redb::{ReadableTable, TableDefinition};
+    const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+    const STATS: TableDefinition<u8, &[u8]> = TableDefinition::new("stats");
+    const DIRENTS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("dirents");
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let files = populated(&dir);
+    {
+        let db = redb::Database::open(dir.join(format::META_FILE)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            // A wrong link count on one file.
+            let mut inodes = txn.open_table(INODES).unwrap();
+            let mut rec =
+                format::InodeRec::decode(inodes.get(files[0].0).unwrap().unwrap().value()).unwrap();
+            rec.nlink = 5;
+            inodes.insert(files[0].0, rec.encode().as_slice()).unwrap();
+            // Wrong statistics for zstd.
+            let mut stats = txn.open_table(STATS).unwrap();
+            let mut s = format::StatRec::decode(stats.get(3u8).unwrap().unwrap().value()).unwrap();
+            s.disk += 1000;
+            stats.insert(3u8, s.encode().as_slice()).unwrap();
+            // A directory entry naming an inode that does not exist.
+            let mut d = txn.open_table(DIRENTS).unwrap();
+            let de = format::DirentRec {
+                ino: 999_999,
+                kind: FileKind::File,
+                seq: 12345,
+            };
+            d.insert((ROOT_INO, &b"ghost"[..]), de.encode().as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let r = fsck_report(&dir, false);
+    let mut kinds: Vec<ProblemKind> = r
+        .problems
+        .iter()
+        .filter(|p| !p.kind.is_info())
+        .map(|p| p.kind)
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        vec![
+            ProblemKind::BadDirent,
+            ProblemKind::WrongCount,
+            ProblemKind::WrongCount
+        ],
+        "{:#?}",
+        r.problems
+    );
+    let r = fsck_report(&dir, true);
+    assert_eq!((r.repaired(), r.unrepaired()), (3, 0), "{:#?}", r.problems);
+    assert_clean(&dir);
+    let s = open(&dir, tuning());
+    assert_eq!(s.getattr(files[0].0).unwrap().nlink, 1);
+    assert!(matches!(s.lookup(ROOT_INO, b"ghost"), Err(Error::NotFound)));
+    for (ino, want) in &files {
+        assert_eq!(&read_all(&s, *ino).unwrap(), want);
+    }
+}
