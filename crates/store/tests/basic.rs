@@ -475,3 +475,34 @@ fn deleting_files_returns_space() {
     s.close().unwrap();
     assert!(fsck(&p, false, &mut |_, _| {}).unwrap().is_clean());
 }
+
+#[test]
+fn files_beyond_4_gib() {
+    let (_d, s) = new_store(131072);
+    let f = s
+        .mknod(ROOT_INO, b"big", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    let off = 5u64 << 30;
+    s.write(f.ino, off, b"far away").unwrap();
+    s.write(f.ino, 10, b"near").unwrap();
+    s.sync().unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().size, off + 8);
+    let mut b = [0u8; 8];
+    assert_eq!(s.read(f.ino, off, &mut b).unwrap(), 8);
+    assert_eq!(&b, b"far away");
+    assert_eq!(s.read(f.ino, off - 4, &mut b).unwrap(), 8);
+    assert_eq!(&b, b"\0\0\0\0far ");
+    assert_eq!(s.seek_data(f.ino, 200_000).unwrap(), off / 131072 * 131072);
+    assert_eq!(s.seek_hole(f.ino, 0).unwrap(), 131072);
+    s.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(off + 4),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.read(f.ino, off, &mut b).unwrap(), 4);
+    assert_eq!(&b[..4], b"far ");
+    assert!(s.getattr(f.ino).unwrap().blocks < 100);
+}
