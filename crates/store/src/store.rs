@@ -65,7 +65,7 @@ impl Default for Tuning {
             backend: Arc::new(StdBackend),
             gc_garbage_ratio: 0.3,
             gc_min_garbage: 64 << 20,
-            dirty_limit: 256 << 20,
+            dirty_limit: 64 << 20,
             flush_blocks: 16,
         }
     }
