@@ -506,3 +506,57 @@ fn files_beyond_4_gib() {
     assert_eq!(&b[..4], b"far ");
     assert!(s.getattr(f.ino).unwrap().blocks < 100);
 }
+
+#[test]
+fn heuristic_stores_random_data_raw_and_force_mode_is_per_policy() {
+    let (_d, s) = new_store(131072);
+    assert_eq!(s.policy().1, Mode::Heuristic);
+    let mut x = 7u64;
+    let random: Vec<u8> = (0..512 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let r = s
+        .mknod(ROOT_INO, b"random", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(r.ino, 0, &random).unwrap();
+    let t = s
+        .mknod(ROOT_INO, b"text", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(t.ino, 0, &pattern(512 * 1024, 5)).unwrap();
+    s.sync().unwrap();
+    let ur = s.usage(&[r.ino]).unwrap();
+    assert_eq!(
+        ur.per_codec.keys().collect::<Vec<_>>(),
+        vec!["none"],
+        "{ur:?}"
+    );
+    assert_eq!(ur.total.disk, random.len() as u64);
+    let ut = s.usage(&[t.ino]).unwrap();
+    assert_eq!(
+        ut.per_codec.keys().collect::<Vec<_>>(),
+        vec!["zstd"],
+        "{ut:?}"
+    );
+    assert!(ut.total.disk * 3 < ut.total.uncompressed);
+    let st = s.stats();
+    assert!(st.heuristic_skips + st.extents_raw >= 4, "{st:?}");
+    // A remount-style policy change applies to later writes.
+    s.set_policy(CodecSpec::parse("lz4").unwrap().spec, Mode::Force);
+    let l = s
+        .mknod(ROOT_INO, b"lz4", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(l.ino, 0, &pattern(256 * 1024, 6)).unwrap();
+    s.sync().unwrap();
+    let ul = s.usage(&[l.ino]).unwrap();
+    assert_eq!(
+        ul.per_codec.keys().collect::<Vec<_>>(),
+        vec!["lz4"],
+        "{ul:?}"
+    );
+    assert_eq!(read_all(&s, r.ino), random);
+}
