@@ -4,7 +4,7 @@
 set -euo pipefail
 want=("$@")
 if [ ${#want[@]} -eq 0 ]; then
-  want=(fuse3 zstd lz4 xz-utils qemu-utils libnbd-bin nbdkit nbdfuse e2fsprogs btrfs-progs fio)
+  want=(fuse3 zstd lz4 xz-utils qemu-utils libnbd-bin nbdkit nbdfuse e2fsprogs btrfs-progs btrfs-compsize fio)
 fi
 missing=()
 for p in "${want[@]}"; do
