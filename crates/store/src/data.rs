@@ -541,6 +541,25 @@ impl Inner {
         }
     }
 
+    /// Flush on the last close: a file with several buffered blocks hands them to the pool and
+    /// returns (the batch is committed by the next flush of the file, `sync`, or the background
+    /// flusher), so a writer moving on to its next file overlaps with this file's compression;
+    /// small files, or when buffers are past half their limit, flush synchronously.
+    pub(crate) fn release_flush(&self, ino: Ino, st: &mut FileState) -> Result<()> {
+        let async_ok = st
+            .dirty
+            .as_ref()
+            .is_some_and(|d| d.blocks.len() >= 2 && d.partial.is_empty() && d.punch.is_empty())
+            && self.dirty_bytes.load(Ordering::Relaxed) < self.tuning.dirty_limit / 2;
+        if !async_ok {
+            return self.flush_locked(ino, st, false);
+        }
+        match st.dirty.as_mut() {
+            Some(d) => self.start_async_flush(ino, d),
+            None => Ok(()),
+        }
+    }
+
     /// Flushes everything buffered in `d` synchronously, keeping `d` as an empty buffer.
     fn flush_sync_inner(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         let blocks = d.blocks.len() + d.partial.len();

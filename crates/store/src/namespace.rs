@@ -662,7 +662,7 @@ impl Store {
                     inner.commit(txn, false)?;
                 }
             } else if st.dirty.is_some() && inner.check_writable().is_ok() {
-                inner.flush_locked(ino, st, false)?;
+                inner.release_flush(ino, st)?;
             }
             Ok(true)
         })?;
