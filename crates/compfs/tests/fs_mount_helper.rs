@@ -4,7 +4,7 @@
 mod fs_common;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,9 @@ use fs_common::*;
 /// Installs /sbin/mount.fuse.compfs -> the compfs binary under test for the guard's lifetime
 /// (mount(8) only looks in /sbin, /sbin/fs.d and /sbin/fs).
 struct Helper {
-    created: bool,
+    /// What the link pointed to before (restored on drop), or None if we created it.
+    previous: Option<PathBuf>,
+    installed: bool,
 }
 
 const HELPER: &str = "/sbin/mount.fuse.compfs";
@@ -22,29 +24,37 @@ const HELPER: &str = "/sbin/mount.fuse.compfs";
 impl Helper {
     fn install() -> Option<Helper> {
         let p = Path::new(HELPER);
-        if let Ok(target) = fs::read_link(p) {
-            if target == Path::new(BIN) {
-                return Some(Helper { created: false });
+        let previous = match fs::read_link(p) {
+            Ok(target) if target == Path::new(BIN) => {
+                return Some(Helper {
+                    previous: None,
+                    installed: false,
+                })
             }
-            eprintln!(
-                "SKIPPED: {HELPER} exists and points to {}",
-                target.display()
-            );
-            return None;
-        }
-        if p.exists() {
-            eprintln!("SKIPPED: {HELPER} exists and is not ours");
-            return None;
-        }
+            // A link to another compfs build (e.g. left by an interrupted run): borrow it.
+            Ok(target) => Some(target),
+            Err(_) if p.exists() => {
+                eprintln!("SKIPPED: {HELPER} exists and is not a symlink");
+                return None;
+            }
+            Err(_) => None,
+        };
+        let _ = fs::remove_file(p);
         std::os::unix::fs::symlink(BIN, p).unwrap();
-        Some(Helper { created: true })
+        Some(Helper {
+            previous,
+            installed: true,
+        })
     }
 }
 
 impl Drop for Helper {
     fn drop(&mut self) {
-        if self.created {
+        if self.installed {
             let _ = fs::remove_file(HELPER);
+            if let Some(prev) = &self.previous {
+                let _ = std::os::unix::fs::symlink(prev, HELPER);
+            }
         }
     }
 }
