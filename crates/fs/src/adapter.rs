@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use compfs_store::{
-    Attr, Error, FileKind, Ino, RenameFlags as StoreRename, SetAttr, Store, TimeOrNow as StoreTime,
-    Timestamp, XattrSet, ROOT_INO,
+    Attr, DirEntry, Error, FileKind, Ino, RenameFlags as StoreRename, SetAttr, Store,
+    TimeOrNow as StoreTime, Timestamp, XattrSet, ROOT_INO,
 };
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -104,6 +104,28 @@ impl CompFs {
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 impl CompFs {
+    /// Feeds the entries of `dir` from cookie `offset` on to `add` until it says the reply
+    /// buffer is full (returns true) or the directory ends.
+    fn fill_dir(
+        &self,
+        dir: Ino,
+        mut offset: u64,
+        mut add: impl FnMut(&DirEntry) -> Result<bool, Error>,
+    ) -> Result<(), Error> {
+        loop {
+            let entries = self.store.readdir(dir, offset, READDIR_BATCH)?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            for e in &entries {
+                if add(e)? {
+                    return Ok(());
+                }
+                offset = e.offset;
+            }
+        }
+    }
+
     /// What the kernel leaves to us under FUSE_HANDLE_KILLPRIV_V2 on write, truncate and chown:
     /// clear S_ISUID, clear S_ISGID when group-executable, drop file capabilities.
     fn kill_suidgid(&self, attr: &Attr) -> Result<Attr, Error> {
@@ -590,28 +612,18 @@ impl Filesystem for CompFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let mut offset = offset;
-        loop {
-            let entries = match self.store.readdir(ino.0, offset, READDIR_BATCH) {
-                Ok(v) => v,
-                Err(e) => return reply.error(self.err(&e)),
-            };
-            if entries.is_empty() {
-                break;
-            }
-            for e in entries {
-                if reply.add(
-                    INodeNo(e.ino),
-                    e.offset,
-                    kind(e.kind),
-                    OsStr::from_bytes(&e.name),
-                ) {
-                    return reply.ok();
-                }
-                offset = e.offset;
-            }
+        let r = self.fill_dir(ino.0, offset, |e| {
+            Ok(reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                kind(e.kind),
+                OsStr::from_bytes(&e.name),
+            ))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.err(&e)),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -622,39 +634,26 @@ impl Filesystem for CompFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let mut offset = offset;
-        loop {
-            let entries = match self.store.readdir(ino.0, offset, READDIR_BATCH) {
-                Ok(v) => v,
-                Err(e) => return reply.error(self.err(&e)),
+        let r = self.fill_dir(ino.0, offset, |e| {
+            let attr = match self.store.getattr(e.ino) {
+                Ok(a) => a,
+                // Removed between readdir and getattr: skip it, as a later readdir would.
+                Err(Error::NotFound) => return Ok(false),
+                Err(err) => return Err(err),
             };
-            if entries.is_empty() {
-                break;
-            }
-            for e in entries {
-                let attr = match self.store.getattr(e.ino) {
-                    Ok(a) => a,
-                    // Removed between readdir and getattr: skip it, as a later readdir would.
-                    Err(Error::NotFound) => {
-                        offset = e.offset;
-                        continue;
-                    }
-                    Err(err) => return reply.error(self.err(&err)),
-                };
-                if reply.add(
-                    INodeNo(e.ino),
-                    e.offset,
-                    OsStr::from_bytes(&e.name),
-                    &TTL,
-                    &file_attr(&attr),
-                    Generation(0),
-                ) {
-                    return reply.ok();
-                }
-                offset = e.offset;
-            }
+            Ok(reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                OsStr::from_bytes(&e.name),
+                &TTL,
+                &file_attr(&attr),
+                Generation(0),
+            ))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.err(&e)),
         }
-        reply.ok();
     }
 
     fn fsyncdir(

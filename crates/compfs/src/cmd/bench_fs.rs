@@ -484,9 +484,34 @@ impl Ctx {
         })
     }
 
+    /// Runs `f` on a fresh file system of kind `fs` (128 KiB extents / a new image) mounted with
+    /// `opts`, then unmounts and deletes it.
+    fn on_fresh_fs<T>(
+        &self,
+        fs: &str,
+        opts: &str,
+        f: impl FnOnce(&Path) -> Result<T>,
+    ) -> Result<T> {
+        let mnt = self.mnt()?;
+        if fs == "compfs" {
+            let store = self.fresh_store(128 << 10)?;
+            let m = CompfsMount::new(&store, &mnt, opts)?;
+            let r = f(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_dir_all(&store)?;
+            Ok(r)
+        } else {
+            let img = self.btrfs_image(1)?;
+            let m = BtrfsMount::new(&img, &mnt, opts)?;
+            let r = f(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_file(&img)?;
+            Ok(r)
+        }
+    }
+
     /// Untar of a source tree, then sync.
     fn untar(&self, fs: &str, tarball: &Path, bytes: u64) -> Result<Row> {
-        let mnt = self.mnt()?;
         let run_it = |mnt: &Path| -> Result<f64> {
             let t = Instant::now();
             run(Command::new("tar")
@@ -497,21 +522,7 @@ impl Ctx {
             full_sync(mnt)?;
             Ok(t.elapsed().as_secs_f64())
         };
-        let secs = if fs == "compfs" {
-            let store = self.fresh_store(128 << 10)?;
-            let m = CompfsMount::new(&store, &mnt, "compress=zstd:3")?;
-            let s = run_it(&mnt)?;
-            m.unmount()?;
-            std::fs::remove_dir_all(&store)?;
-            s
-        } else {
-            let img = self.btrfs_image(1)?;
-            let m = BtrfsMount::new(&img, &mnt, "compress=zstd:3")?;
-            let s = run_it(&mnt)?;
-            m.unmount()?;
-            std::fs::remove_file(&img)?;
-            s
-        };
+        let secs = self.on_fresh_fs(fs, "compress=zstd:3", run_it)?;
         Ok(Row {
             fs: fs.into(),
             workload: "untar".into(),
@@ -526,7 +537,6 @@ impl Ctx {
 
     /// fio 4 KiB random overwrite of one file.
     fn fio(&self, fs: &str, size: u64) -> Result<Row> {
-        let mnt = self.mnt()?;
         let run_fio = |mnt: &Path| -> Result<f64> {
             let o = Command::new("fio")
                 .args([
@@ -557,21 +567,7 @@ impl Ctx {
                 .as_f64()
                 .ok_or_else(|| anyhow!("fio JSON has no write iops"))
         };
-        let iops = if fs == "compfs" {
-            let store = self.fresh_store(128 << 10)?;
-            let m = CompfsMount::new(&store, &mnt, "compress-force=zstd:3")?;
-            let r = run_fio(&mnt)?;
-            m.unmount()?;
-            std::fs::remove_dir_all(&store)?;
-            r
-        } else {
-            let img = self.btrfs_image(1)?;
-            let m = BtrfsMount::new(&img, &mnt, "compress-force=zstd:3")?;
-            let r = run_fio(&mnt)?;
-            m.unmount()?;
-            std::fs::remove_file(&img)?;
-            r
-        };
+        let iops = self.on_fresh_fs(fs, "compress-force=zstd:3", run_fio)?;
         Ok(Row {
             fs: fs.into(),
             workload: "fio-4k-randwrite".into(),
