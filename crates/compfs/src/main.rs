@@ -71,7 +71,9 @@ fn main() -> ExitCode {
         .init();
     // `mount -t fuse.compfs` and fstab run /sbin/mount.fuse.compfs (a link to this binary).
     let argv: Vec<String> = std::env::args().collect();
-    let argv0 = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string());
+    let argv0 = argv
+        .first()
+        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string());
     if matches!(argv0.as_deref(), Some("mount.fuse.compfs" | "mount.compfs")) {
         return match cmd::fs::mount_helper(argv) {
             Ok(code) => code,
