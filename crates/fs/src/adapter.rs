@@ -524,11 +524,23 @@ impl Filesystem for CompFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let mut buf = vec![0u8; size as usize];
-        match self.store.read(ino.0, offset, &mut buf) {
-            Ok(n) => reply.data(&buf[..n.min(buf.len())]),
-            Err(e) => reply.error(self.err(&e)),
+        // One buffer per FUSE thread, reused: a fresh zeroed 1 MiB vector per request showed
+        // as 7% memset in read profiles. The store writes every byte of the slice it is given
+        // (holes as zeros), and only the `n` bytes it returns are sent.
+        thread_local! {
+            static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        READ_BUF.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let size = size as usize;
+            if buf.len() < size {
+                buf.resize(size, 0);
+            }
+            match self.store.read(ino.0, offset, &mut buf[..size]) {
+                Ok(n) => reply.data(&buf[..n.min(size)]),
+                Err(e) => reply.error(self.err(&e)),
+            }
+        });
     }
 
     fn write(
