@@ -59,8 +59,9 @@ enum BenchCommand {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser::session=error")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,fuser::session=error")
+            }),
         )
         .with_writer(std::io::stderr)
         // No colour codes in log files (the mount daemon's --log) or pipes.
