@@ -33,6 +33,11 @@ impl Lru {
         Some(v.clone())
     }
 
+    /// Whether `id` is cached; a hit counts as a use for the LRU order.
+    pub(crate) fn contains(&mut self, id: u64) -> bool {
+        self.get(id).is_some()
+    }
+
     pub(crate) fn insert(&mut self, id: u64, v: Arc<Vec<u8>>) {
         if v.len() > self.cap {
             return;

@@ -116,6 +116,9 @@ thread_local! {
     /// Reused compression output buffer of this thread (a fresh 128 KiB buffer per extent
     /// would cost page faults); results are copied out at their exact size.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Reused buffer for an extent's stored bytes as read from its segment; only the first
+    /// header + stored length bytes are meaningful, and they are overwritten on every read.
+    static RAW_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 enum Out {
@@ -306,7 +309,9 @@ impl Inner {
         off: u64,
         buf: &mut [u8],
     ) -> Result<()> {
-        buf.fill(0);
+        // Byte ranges of `buf` written below; the rest is zeroed at the end instead of zeroing
+        // the whole buffer first (every byte of a cold sequential read is overwritten anyway).
+        let mut written: Vec<(usize, usize)> = Vec::new();
         let end = off + buf.len() as u64;
         let rec = inode_in(txn, ino)?;
         if let Some(i) = &rec.inline {
@@ -314,6 +319,7 @@ impl Inner {
             let (s, e) = (off.min(data.len() as u64), end.min(data.len() as u64));
             if s < e {
                 buf[..(e - s) as usize].copy_from_slice(&data[s as usize..e as usize]);
+                written.push((0, (e - s) as usize));
             }
         }
         let map = txn.open_table(meta::EXTMAP)?;
@@ -344,6 +350,16 @@ impl Inner {
                     })
                 }
             };
+            let dst = (s - off) as usize..(e - off) as usize;
+            // The read wants the whole extent: decode it straight into the caller's buffer
+            // (checksum verified as always) and leave the cache alone, since a sequential
+            // reader will not ask for these bytes again (the kernel's page cache holds them).
+            let whole = m.ext_offset == 0 && dst.len() as u64 == xr.raw_len as u64;
+            if whole && !self.extent_cached(m.extent) {
+                self.extent_into(m.extent, &xr, ino, s, &mut buf[dst.clone()])?;
+                written.push((dst.start, dst.end));
+                continue;
+            }
             let data = self.extent_data(m.extent, &xr, ino, s)?;
             let src = (m.ext_offset as u64 + (s - foff)) as usize;
             let n = (e - s) as usize;
@@ -356,9 +372,31 @@ impl Inner {
                     detail: "map entry reaches past the end of its extent".into(),
                 });
             }
-            buf[(s - off) as usize..(e - off) as usize].copy_from_slice(&data[src..src + n]);
+            buf[dst.clone()].copy_from_slice(&data[src..src + n]);
+            written.push((dst.start, dst.end));
         }
+        zero_unwritten(buf, &mut written);
         Ok(())
+    }
+
+    /// Whether extent `id` is in the decompressed-extent cache (counts as a use of it).
+    fn extent_cached(&self, id: u64) -> bool {
+        lock(&self.cache).contains(id)
+    }
+
+    /// Reads, verifies and decodes extent `id` into `out` (exactly its raw length), without
+    /// going through the cache. Call with `seg_barrier` held.
+    fn extent_into(
+        &self,
+        id: u64,
+        xr: &ExtentRec,
+        ino: Ino,
+        file_off: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.with_stored(xr, |raw| verify_extent_into(id, xr, raw, out))
+            .map_err(|detail| damaged(ino, file_off, xr, detail))
     }
 
     /// The uncompressed bytes of an extent, verified (cached). Call with `seg_barrier` held.
@@ -374,17 +412,9 @@ impl Inner {
             return Ok(v);
         }
         self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
-        let data = self.load_extent(id, xr).map_err(|detail| {
-            let err = Error::Corrupt {
-                ino,
-                offset: file_off,
-                segment: xr.segment,
-                seg_offset: xr.seg_offset,
-                detail,
-            };
-            tracing::error!("compfs: {err}");
-            err
-        })?;
+        let data = self
+            .load_extent(id, xr)
+            .map_err(|detail| damaged(ino, file_off, xr, detail))?;
         let data = Arc::new(data);
         lock(&self.cache).insert(id, data.clone());
         Ok(data)
@@ -396,13 +426,31 @@ impl Inner {
         id: u64,
         xr: &ExtentRec,
     ) -> std::result::Result<Vec<u8>, String> {
-        let f = self
+        self.with_stored(xr, |raw| verify_extent(id, xr, raw))
+    }
+
+    /// Reads an extent's header and stored bytes into this thread's reused buffer and hands
+    /// them to `f`; the error is a description of the damage.
+    fn with_stored<R>(
+        &self,
+        xr: &ExtentRec,
+        f: impl FnOnce(&[u8]) -> std::result::Result<R, String>,
+    ) -> std::result::Result<R, String> {
+        let file = self
             .seg_file(xr.segment)
             .map_err(|e| format!("segment unreadable: {e}"))?;
-        let mut raw = vec![0u8; EXT_HEADER_LEN + xr.stored_len as usize];
-        f.read_exact_at(&mut raw, xr.seg_offset)
-            .map_err(|e| format!("read failed: {e}"))?;
-        verify_extent(id, xr, &raw)
+        RAW_BUF.with(|cell| {
+            let mut raw = cell.borrow_mut();
+            let len = EXT_HEADER_LEN + xr.stored_len as usize;
+            // Only ever grown (shrinking and regrowing would zero bytes again);
+            // read_exact_at overwrites all `len` bytes used.
+            if raw.len() < len {
+                raw.resize(len, 0);
+            }
+            file.read_exact_at(&mut raw[..len], xr.seg_offset)
+                .map_err(|e| format!("read failed: {e}"))?;
+            f(&raw[..len])
+        })
     }
 
     /// Flushes a file's buffered changes. On failure the store turns read-only and the buffer is
@@ -1019,12 +1067,32 @@ pub(crate) fn verify_extent(
     xr: &ExtentRec,
     raw: &[u8],
 ) -> std::result::Result<Vec<u8>, String> {
+    let mut out = vec![0u8; xr.raw_len as usize];
+    verify_extent_into(id, xr, raw, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`verify_extent`], decoding into `out`, which must be exactly `xr.raw_len` bytes long
+/// and is fully overwritten on success (left in an unspecified state on failure).
+pub(crate) fn verify_extent_into(
+    id: u64,
+    xr: &ExtentRec,
+    raw: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
     let h = ExtentHeader::decode(&raw[..EXT_HEADER_LEN.min(raw.len())])?;
     if h.id != id || h.raw_len != xr.raw_len || h.stored_len != xr.stored_len || h.codec != xr.codec
     {
         return Err(format!(
             "extent header does not match the metadata (header id {} len {}/{}, expected id {id} len {}/{})",
             h.id, h.stored_len, h.raw_len, xr.stored_len, xr.raw_len
+        ));
+    }
+    if out.len() != h.raw_len as usize {
+        return Err(format!(
+            "output buffer of {} bytes for an extent of {} bytes",
+            out.len(),
+            h.raw_len
         ));
     }
     let stored = &raw[EXT_HEADER_LEN..];
@@ -1036,11 +1104,37 @@ pub(crate) fn verify_extent(
         ));
     }
     let alg = Algorithm::from_id(h.codec).ok_or_else(|| format!("unknown codec {}", h.codec))?;
-    let mut out = vec![0u8; h.raw_len as usize];
     DECOMPRESSOR
-        .with(|d| d.borrow_mut().decompress(alg, stored, &mut out))
-        .map_err(|e| format!("undecodable: {e}"))?;
-    Ok(out)
+        .with(|d| d.borrow_mut().decompress(alg, stored, out))
+        .map_err(|e| format!("undecodable: {e}"))
+}
+
+/// The error for a damaged extent met while reading `ino` at `file_off`, logged once here.
+fn damaged(ino: Ino, file_off: u64, xr: &ExtentRec, detail: String) -> Error {
+    let err = Error::Corrupt {
+        ino,
+        offset: file_off,
+        segment: xr.segment,
+        seg_offset: xr.seg_offset,
+        detail,
+    };
+    tracing::error!("compfs: {err}");
+    err
+}
+
+/// Zeroes every byte of `buf` outside the (possibly overlapping, unsorted) `written` ranges.
+fn zero_unwritten(buf: &mut [u8], written: &mut [(usize, usize)]) {
+    written.sort_unstable();
+    let mut pos = 0;
+    for &(s, e) in written.iter() {
+        if s > pos {
+            buf[pos..s].fill(0);
+        }
+        pos = pos.max(e);
+    }
+    if pos < buf.len() {
+        buf[pos..].fill(0);
+    }
 }
 
 fn encode_block(

@@ -62,6 +62,15 @@ fn flipped_extent_byte_fails_only_that_extent_and_fsck_finds_it() {
                 }
                 other => panic!("expected corruption error, got {other:?}"),
             }
+            // Reads covering the whole damaged extent (decoded straight into the caller's
+            // buffer, bypassing the cache) are checked too, alone and within a larger read.
+            for (at, len) in [(16384u64, 16384usize), (0, 49152)] {
+                let mut buf = vec![0u8; len];
+                match s.read(*ino, at, &mut buf) {
+                    Err(Error::Corrupt { seg_offset, .. }) => assert_eq!(seg_offset, off),
+                    other => panic!("expected corruption error, got {other:?}"),
+                }
+            }
             // The rest of the file reads.
             let mut buf = vec![0u8; 16384];
             assert_eq!(s.read(*ino, 0, &mut buf).unwrap(), 16384);
@@ -101,6 +110,10 @@ fn flipped_extent_byte_fails_only_that_extent_and_fsck_finds_it() {
     assert_eq!(&got[..16384], &want[..16384]);
     assert!(got[16384..32768].iter().all(|&b| b == 0));
     assert_eq!(&got[32768..], &want[32768..]);
+    // A read into a dirty buffer: whole extents land directly, the hole is zeroed.
+    let mut buf = vec![0xa5u8; want.len()];
+    assert_eq!(s.read(victim, 0, &mut buf).unwrap(), want.len());
+    assert_eq!(buf, got);
 }
 
 fn libc_eio() -> i32 {
