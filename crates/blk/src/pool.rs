@@ -36,8 +36,10 @@ pub const MAX_ZSPAGE_PAGES: usize = 16;
 
 const FREE: u32 = u32::MAX;
 
-/// Where an object lives: its class and its handle within the class.
+/// Where an object lives: its class and its handle within the class. Packed (5 bytes, no
+/// alignment) because one sits in every page-table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C, packed)]
 pub struct ObjRef {
     pub class: u8,
     pub handle: u32,

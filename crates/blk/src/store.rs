@@ -37,7 +37,9 @@ const RAW: u8 = u8::MAX;
 enum Entry {
     Empty,
     Same {
-        word: u64,
+        /// The repeated word as stored (native byte order); bytes rather than a u64 so the
+        /// entry needs no 8-byte alignment.
+        word: [u8; 8],
         flags: u8,
     },
     Obj {
@@ -48,7 +50,8 @@ enum Entry {
         flags: u8,
     },
     Backed {
-        slot: u32,
+        /// Slot in the backing file, native byte order (bytes: no 4-byte alignment).
+        slot: [u8; 4],
         flags: u8,
     },
 }
@@ -64,10 +67,14 @@ impl Entry {
     }
 }
 
-/// Entries per table chunk: 512 × 16 bytes = 8 KiB, allocated on the first write into it.
+/// Entries per table chunk (512 × 10 bytes, see the size assertion below), allocated on the
+/// first write into it.
 const CHUNK_ENTRIES: usize = 512;
 
 static EMPTY: Entry = Entry::Empty;
+
+// One entry per stored page: keep it at 10 bytes (16 with an aligned u64 or ObjRef inside).
+const _: () = assert!(std::mem::size_of::<Entry>() == 10);
 
 /// One shard's page table. Chunks are allocated when a page in them is first stored, so a large
 /// device that is mostly unwritten costs a pointer per 512 pages (zram allocates its whole
@@ -587,7 +594,7 @@ impl PageStore {
                 Ok(())
             }
             Entry::Same { word, .. } => {
-                fill_word(dst, word);
+                fill_word(dst, u64::from_ne_bytes(word));
                 Ok(())
             }
             Entry::Obj {
@@ -622,6 +629,7 @@ impl PageStore {
                 }
             }
             Entry::Backed { slot, .. } => {
+                let slot = u32::from_ne_bytes(slot);
                 let b = self.backing.as_ref().ok_or(BlkError::NoBacking)?;
                 b.file
                     .read_exact_at(dst, u64::from(slot) * PAGE as u64)
@@ -663,7 +671,10 @@ impl PageStore {
         if let Some(word) = same_filled(src) {
             add(&self.c.same_pages, 1);
             add(&self.c.pages_stored, 1);
-            return Ok(Entry::Same { word, flags: 0 });
+            return Ok(Entry::Same {
+                word: word.to_ne_bytes(),
+                flags: 0,
+            });
         }
         let spec = self.codecs[codec];
         let len = ctx.comp.compress(spec, src, &mut ctx.buf)?;
@@ -710,7 +721,7 @@ impl PageStore {
             }
             Entry::Backed { slot, .. } => {
                 if let Some(b) = &self.backing {
-                    lock(&b.slots).free.push(slot);
+                    lock(&b.slots).free.push(u32::from_ne_bytes(slot));
                 }
                 sub(&self.c.bd_count, 1);
             }
@@ -848,7 +859,7 @@ impl PageStore {
                 }
                 self.free_entry(e);
                 t[idx] = Entry::Backed {
-                    slot,
+                    slot: slot.to_ne_bytes(),
                     flags: flags & !FLAG_IDLE,
                 };
                 add(&self.c.bd_count, 1);
