@@ -411,6 +411,13 @@ impl Inner {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(v);
         }
+        // `loading` has LOAD_STRIPES entries, so the index is in bounds.
+        let _loading = lock(&self.loading[(id % crate::store::LOAD_STRIPES as u64) as usize]);
+        if let Some(v) = lock(&self.cache).get(id) {
+            // Another thread loaded it while we waited.
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(v);
+        }
         self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
         let data = self
             .load_extent(id, xr)

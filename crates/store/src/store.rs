@@ -13,6 +13,9 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableM
 
 use crate::backend::{Backend, SegFile, StdBackend};
 use crate::cache::Lru;
+
+/// Number of [`Inner::loading`] stripes.
+pub(crate) const LOAD_STRIPES: usize = 64;
 use crate::data::FileState;
 use crate::error::{Error, Result};
 use crate::format::{
@@ -117,6 +120,9 @@ pub(crate) struct Inner {
     pub unsynced: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
     pub seg_handles: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
     pub cache: Mutex<Lru>,
+    /// Striped locks held while an extent is loaded into the cache, so that two threads
+    /// missing on the same extent at once (FUSE reads of its two halves) decode it once.
+    pub loading: Vec<Mutex<()>>,
     pub pool: Pool,
     pub counters: Counters,
     pub dirty_bytes: AtomicUsize,
@@ -423,6 +429,7 @@ impl Store {
             unsynced: Mutex::new(HashMap::new()),
             seg_handles: Mutex::new(HashMap::new()),
             cache: Mutex::new(Lru::new(opts.cache_bytes)),
+            loading: (0..LOAD_STRIPES).map(|_| Mutex::new(())).collect(),
             pool: Pool::new(opts.threads)?,
             counters: Counters::default(),
             dirty_bytes: AtomicUsize::new(0),
