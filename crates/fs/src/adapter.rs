@@ -59,6 +59,14 @@ impl CompFs {
         }
     }
 
+    /// Replies to a request whose only result is success or a store error.
+    fn finish<R: Finish>(&self, r: Result<(), Error>, reply: R) {
+        match r {
+            Ok(()) => reply.done(),
+            Err(e) => reply.fail(self.err(&e)),
+        }
+    }
+
     /// Maps a store error to errno; corruption is logged once per (file, offset) with the path.
     fn err(&self, e: &Error) -> Errno {
         if let Error::Corrupt {
@@ -429,17 +437,11 @@ impl Filesystem for CompFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        match self.store.unlink(parent.0, name(n)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(self.store.unlink(parent.0, name(n)), reply)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        match self.store.rmdir(parent.0, name(n)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(self.store.rmdir(parent.0, name(n)), reply)
     }
 
     fn symlink(
@@ -482,13 +484,11 @@ impl Filesystem for CompFs {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        match self
-            .store
-            .rename(parent.0, name(n), newparent.0, name(newname), f)
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(
+            self.store
+                .rename(parent.0, name(n), newparent.0, name(newname), f),
+            reply,
+        )
     }
 
     fn link(
@@ -596,10 +596,7 @@ impl Filesystem for CompFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.store.release(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(self.store.release(ino.0), reply)
     }
 
     fn fsync(
@@ -610,10 +607,7 @@ impl Filesystem for CompFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.store.fsync(ino.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(self.store.fsync(ino.0, datasync), reply)
     }
 
     fn readdir(
@@ -632,10 +626,7 @@ impl Filesystem for CompFs {
                 OsStr::from_bytes(&e.name),
             ))
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(r, reply)
     }
 
     fn readdirplus(
@@ -662,10 +653,7 @@ impl Filesystem for CompFs {
                 Generation(0),
             ))
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(r, reply)
     }
 
     fn fsyncdir(
@@ -683,10 +671,7 @@ impl Filesystem for CompFs {
         } else {
             self.store.fsync(ino.0, datasync)
         };
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(r, reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -717,10 +702,7 @@ impl Filesystem for CompFs {
             libc::XATTR_REPLACE => XattrSet::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        match self.store.setxattr(ino.0, name(n), value, how) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(self.store.setxattr(ino.0, name(n), value, how), reply)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
@@ -753,10 +735,7 @@ impl Filesystem for CompFs {
         if report::is_virtual(name(n)) {
             return reply.error(Errno::EPERM);
         }
-        match self.store.removexattr(ino.0, name(n)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(self.store.removexattr(ino.0, name(n)), reply)
     }
 
     fn create(
@@ -809,10 +788,7 @@ impl Filesystem for CompFs {
             // collapse/insert): say so rather than pretend.
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.finish(r, reply)
     }
 
     fn lseek(
@@ -875,3 +851,24 @@ mod tests {
         assert_eq!(kind_from_mode(0o170000), None);
     }
 }
+
+/// The reply types that carry no data on success.
+trait Finish {
+    fn done(self);
+    fn fail(self, e: Errno);
+}
+
+macro_rules! impl_finish {
+    ($($t:ty),*) => {$(
+        impl Finish for $t {
+            fn done(self) {
+                self.ok()
+            }
+            fn fail(self, e: Errno) {
+                self.error(e)
+            }
+        }
+    )*};
+}
+
+impl_finish!(ReplyEmpty, ReplyDirectory, ReplyDirectoryPlus);
