@@ -84,6 +84,37 @@ pub struct Row {
     pub note: String,
 }
 
+/// What one copy-then-read run measured.
+struct CopyRun {
+    bytes: u64,
+    write_secs: f64,
+    read_secs: f64,
+    ratio: f64,
+    disk: u64,
+    src: String,
+}
+
+impl Row {
+    /// A row of the copy workloads, speeds derived from the bytes and times.
+    fn copy(fs: &str, workload: &str, method: &str, copies: u32, run: CopyRun) -> Row {
+        Row {
+            fs: fs.into(),
+            workload: workload.into(),
+            method: method.into(),
+            copies,
+            bytes: run.bytes,
+            write_secs: run.write_secs,
+            write_mbs: run.bytes as f64 / run.write_secs / 1e6,
+            read_secs: run.read_secs,
+            read_mbs: run.bytes as f64 / run.read_secs / 1e6,
+            ratio: run.ratio,
+            disk_bytes: run.disk,
+            ratio_source: run.src,
+            ..Row::default()
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     corpus: String,
@@ -423,26 +454,22 @@ impl Ctx {
         let rss = rss.max(m.peak_rss_mib());
         m.unmount()?;
         std::fs::remove_dir_all(&store)?;
-        Ok(Row {
-            fs: "compfs".into(),
-            workload: workload.into(),
-            method: method.into(),
-            copies,
+        let run = CopyRun {
             bytes,
             write_secs,
-            write_mbs: bytes as f64 / write_secs / 1e6,
             read_secs,
-            read_mbs: bytes as f64 / read_secs / 1e6,
             ratio,
-            disk_bytes: disk,
-            ratio_source: "compfs usage".into(),
+            disk,
+            src: "compfs usage".into(),
+        };
+        Ok(Row {
             daemon_rss_mib: rss,
             note: if self.can_drop {
                 String::new()
             } else {
                 "caches not dropped (not root)".into()
             },
-            ..Row::default()
+            ..Row::copy("compfs", workload, method, copies, run)
         })
     }
 
@@ -467,21 +494,15 @@ impl Ctx {
         let read_secs = read_all(&mnt)?;
         m.unmount()?;
         std::fs::remove_file(&img)?;
-        Ok(Row {
-            fs: "btrfs".into(),
-            workload: workload.into(),
-            method: method.into(),
-            copies,
+        let run = CopyRun {
             bytes,
             write_secs,
-            write_mbs: bytes as f64 / write_secs / 1e6,
             read_secs,
-            read_mbs: bytes as f64 / read_secs / 1e6,
             ratio,
-            disk_bytes: disk,
-            ratio_source: src,
-            ..Row::default()
-        })
+            disk,
+            src,
+        };
+        Ok(Row::copy("btrfs", workload, method, copies, run))
     }
 
     /// Runs `f` on a fresh file system of kind `fs` (128 KiB extents / a new image) mounted with
