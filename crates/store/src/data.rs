@@ -615,6 +615,39 @@ impl Inner {
         }
     }
 
+    /// Queues a closed file with a small buffer for the writeback thread; false when the
+    /// caller must flush it itself (no writeback thread, a large buffer, which goes to the
+    /// compression pool instead, or buffers past half their limit: back-pressure).
+    pub(crate) fn queue_writeback(&self, ino: Ino, st: &FileState) -> bool {
+        let small = st
+            .dirty
+            .as_ref()
+            .is_some_and(|d| d.blocks.len() + d.partial.len() <= 1 && d.pending.is_empty());
+        if !small || self.dirty_bytes.load(Ordering::Relaxed) >= self.tuning.dirty_limit / 2 {
+            return false;
+        }
+        match lock(&self.writeback).as_ref() {
+            Some(tx) => tx.send(ino).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Flushes one file queued by [`Inner::queue_writeback`] (if it is still dirty).
+    pub(crate) fn writeback_one(&self, ino: Ino) {
+        let Some(a) = self.existing_file(ino) else {
+            return;
+        };
+        {
+            let mut g = lock(&a);
+            if !g.dead && g.dirty.is_some() && self.check_writable().is_ok() {
+                if let Err(e) = self.flush_locked(ino, &mut g, false) {
+                    tracing::error!("compfs writeback of inode {ino} failed: {e}");
+                }
+            }
+        }
+        self.maybe_forget(ino);
+    }
+
     /// Flushes everything buffered in `d` synchronously, keeping `d` as an empty buffer.
     fn flush_sync_inner(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         let blocks = d.blocks.len() + d.partial.len();
@@ -1054,6 +1087,7 @@ impl Inner {
         d.size = size;
         let now = Timestamp::now();
         d.mtime = now;
+        lock(&self.patches).clear_mtime(ino);
         d.ctime = now;
         self.flush_locked(ino, st, false)
     }
@@ -1315,6 +1349,7 @@ impl Store {
             d.size = d.size.max(end);
             let now = Timestamp::now();
             d.mtime = now;
+            lock(&inner.patches).clear_mtime(ino);
             d.ctime = now;
             let many = d.blocks.len() + d.partial.len()
                 >= inner.tuning.flush_blocks.max(2 * inner.pool.threads);
@@ -1360,6 +1395,7 @@ impl Store {
                 }
                 let now = Timestamp::now();
                 d.mtime = now;
+                lock(&inner.patches).clear_mtime(ino);
                 d.ctime = now;
             }
             inner.flush_locked(ino, st, false)
@@ -1381,6 +1417,7 @@ impl Store {
                 d.size = end;
                 d.ctime = Timestamp::now();
                 d.mtime = d.ctime;
+                lock(&inner.patches).clear_mtime(ino);
             }
             inner.flush_locked(ino, st, false)
         })

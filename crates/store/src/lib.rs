@@ -24,6 +24,7 @@
 //! storage backend for fault injection), [`Error::NotPermitted`] (EPERM, e.g. hard link to a
 //! directory), [`Error::InUse`] (another process has the store open), [`Error::BadSuperblock`].
 
+mod attrs;
 pub mod backend;
 mod cache;
 mod data;

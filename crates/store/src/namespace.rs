@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use compfs_codec::CodecSpec;
 use redb::{ReadableDatabase, ReadableTable};
 
+use crate::attrs::AttrPatch;
 use crate::data::inode_in;
 use crate::error::{Error, Result};
 use crate::format::{DirentRec, InodeRec};
@@ -56,15 +57,23 @@ fn resolve(t: &TimeOrNow, now: Timestamp) -> Timestamp {
 impl Inner {
     /// Attributes with buffered size and times overlaid.
     pub(crate) fn attr(&self, ino: Ino) -> Result<Attr> {
+        // The file state is locked before the metadata is read: a flush running meanwhile
+        // (the writeback thread) commits the buffered size and drops the buffer under this
+        // lock, so the record read is never older than the buffer seen. The patch is read
+        // before the record: one retired meanwhile is in the record, and applying it again
+        // is harmless.
+        let f = self.existing_file(ino);
+        let g = f.as_ref().map(|f| lock(f));
+        let patch = lock(&self.patches).get(ino);
         let rec = self.inode(ino)?;
         let mut a = attr_of(ino, &rec);
-        if let Some(f) = self.existing_file(ino) {
-            let g = lock(&f);
-            if let Some(d) = &g.dirty {
-                a.size = d.size;
-                a.mtime = d.mtime;
-                a.ctime = a.ctime.max(d.ctime);
-            }
+        if let Some(p) = patch {
+            p.apply_attr(&mut a);
+        }
+        if let Some(d) = g.as_ref().and_then(|g| g.dirty.as_ref()) {
+            a.size = d.size;
+            a.mtime = d.mtime;
+            a.ctime = a.ctime.max(d.ctime);
         }
         Ok(a)
     }
@@ -94,6 +103,7 @@ impl Inner {
 
     /// Forgets buffered data of a freed inode.
     fn discard(&self, ino: Ino) {
+        lock(&self.patches).remove(ino);
         if let Some(f) = self.existing_file(ino) {
             if let Ok(mut g) = f.try_lock() {
                 if let Some(d) = g.dirty.take() {
@@ -174,6 +184,7 @@ impl Inner {
                 p.nlink += 1;
             }
             p.mtime = now;
+            lock(&self.patches).clear_mtime(parent);
             p.ctime = now;
             w.put_inode(parent, &p)?;
             attr = attr_of(ino, &rec);
@@ -230,37 +241,28 @@ impl Store {
             || set.mtime.is_some()
             || set.ctime.is_some();
         if other {
+            // Held in memory and written by the next commit (see `attrs`): an untar sends
+            // three or four of these per file.
             inner.with_file(ino, |st| {
                 let now = Timestamp::now();
-                let txn = inner.begin(false)?;
-                {
-                    let mut w = W::open(&txn)?;
-                    let mut r = w.inode(ino)?;
-                    if let Some(m) = set.mode {
-                        r.perm = (m & 0o7777) as u16;
+                let p = AttrPatch {
+                    perm: set.mode.map(|m| (m & 0o7777) as u16),
+                    uid: set.uid,
+                    gid: set.gid,
+                    atime: set.atime.as_ref().map(|t| resolve(t, now)),
+                    mtime: set.mtime.as_ref().map(|t| resolve(t, now)),
+                    ctime: Some(set.ctime.unwrap_or(now)),
+                };
+                // The inode must exist (a patch for a freed one would only be dropped later).
+                inner.inode(ino)?;
+                lock(&inner.patches).add(ino, &p);
+                if let Some(d) = st.dirty.as_mut() {
+                    if let Some(m) = p.mtime {
+                        d.mtime = m;
                     }
-                    if let Some(u) = set.uid {
-                        r.uid = u;
-                    }
-                    if let Some(g) = set.gid {
-                        r.gid = g;
-                    }
-                    if let Some(t) = &set.atime {
-                        r.atime = resolve(t, now);
-                    }
-                    if let Some(t) = &set.mtime {
-                        r.mtime = resolve(t, now);
-                        if let Some(d) = st.dirty.as_mut() {
-                            d.mtime = r.mtime;
-                        }
-                    }
-                    r.ctime = set.ctime.unwrap_or(now);
-                    if let Some(d) = st.dirty.as_mut() {
-                        d.ctime = r.ctime;
-                    }
-                    w.put_inode(ino, &r)?;
+                    d.ctime = d.ctime.max(p.ctime.unwrap_or(now));
                 }
-                inner.commit(txn, false)
+                Ok(())
             })?;
             inner.maybe_forget(ino);
         }
@@ -357,6 +359,7 @@ impl Store {
             let now = Timestamp::now();
             w.add_dirent(new_parent, &mut p, new_name, ino, r.kind)?;
             p.mtime = now;
+            lock(&inner.patches).clear_mtime(new_parent);
             p.ctime = now;
             w.put_inode(new_parent, &p)?;
             r.nlink += 1;
@@ -414,6 +417,7 @@ impl Store {
                 p.nlink = p.nlink.saturating_sub(1);
             }
             p.mtime = now;
+            lock(&inner.patches).clear_mtime(parent);
             p.ctime = now;
             w.put_inode(parent, &p)?;
             inner.drop_link(&mut w, de.ino, &mut r, now)?;
@@ -547,6 +551,7 @@ impl Store {
                     np.nlink += 1;
                 }
                 np.mtime = now;
+                lock(&inner.patches).clear_mtime(new_parent);
                 np.ctime = now;
                 w.put_inode(new_parent, &np)?;
                 let mut r = w.inode(src.ino)?;
@@ -561,6 +566,7 @@ impl Store {
                 p.nlink = p.nlink.saturating_sub(1);
             }
             p.mtime = now;
+            lock(&inner.patches).clear_mtime(parent);
             p.ctime = now;
             w.put_inode(parent, &p)?;
         }
@@ -661,7 +667,10 @@ impl Store {
                     }
                     inner.commit(txn, false)?;
                 }
-            } else if st.dirty.is_some() && inner.check_writable().is_ok() {
+            } else if st.dirty.is_some()
+                && inner.check_writable().is_ok()
+                && !inner.queue_writeback(ino, st)
+            {
                 inner.release_flush(ino, st)?;
             }
             Ok(true)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use compfs_codec::{CodecSpec, Mode};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
+use crate::attrs::{write_patches, Patches};
 use crate::backend::{Backend, SegFile, StdBackend};
 use crate::cache::Lru;
 
@@ -131,6 +132,10 @@ pub(crate) struct Inner {
     pub next_extent: AtomicU64,
     pub gc_lock: Mutex<()>,
     pub last_durable: Mutex<Instant>,
+    /// Attribute changes not yet in the metadata, written by the next commit (see `attrs`).
+    pub patches: Mutex<Patches>,
+    /// Queue of the writeback thread: small files flushed after their last close.
+    pub writeback: Mutex<Option<std::sync::mpsc::Sender<Ino>>>,
 }
 
 /// A compfs store. See the crate docs.
@@ -142,6 +147,7 @@ pub(crate) struct Inner {
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
     flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
+    writeback: Option<JoinHandle<()>>,
     closed: bool,
 }
 
@@ -437,6 +443,8 @@ impl Store {
             next_extent: AtomicU64::new(next_extent),
             gc_lock: Mutex::new(()),
             last_durable: Mutex::new(Instant::now()),
+            patches: Mutex::new(Patches::default()),
+            writeback: Mutex::new(None),
             tuning: tuning.clone(),
         });
         if !opts.read_only {
@@ -453,9 +461,21 @@ impl Store {
             }
             _ => None,
         };
+        let writeback = if opts.read_only {
+            None
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel::<Ino>();
+            let weak: Weak<Inner> = Arc::downgrade(&inner);
+            let h = std::thread::Builder::new()
+                .name("compfs-writeback".into())
+                .spawn(move || writeback_loop(weak, rx))?;
+            *lock(&inner.writeback) = Some(tx);
+            Some(h)
+        };
         Ok(Store {
             inner,
             flusher,
+            writeback,
             closed: false,
         })
     }
@@ -512,6 +532,10 @@ impl Store {
             drop(tx);
             let _ = h.join();
         }
+        lock(&self.inner.writeback).take();
+        if let Some(h) = self.writeback.take() {
+            let _ = h.join();
+        }
         let r = if self.inner.read_only_open || self.inner.ro_flag.load(Ordering::SeqCst) {
             Ok(())
         } else {
@@ -561,6 +585,19 @@ impl Drop for Store {
                 "compfs store {}: final flush failed: {e}",
                 self.inner.dir.display()
             );
+        }
+    }
+}
+
+/// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
+/// closing thread (a FUSE request) does not compress and commit.
+fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
+    while let Ok(first) = rx.recv() {
+        let Some(inner) = weak.upgrade() else { return };
+        let mut next = Some(first);
+        while let Some(ino) = next {
+            inner.writeback_one(ino);
+            next = rx.try_recv().ok();
         }
     }
 }
@@ -649,13 +686,31 @@ impl Inner {
     /// unsynced bytes: the transaction holds redb's write lock, so every earlier (non-durable)
     /// commit that this one makes durable appended its bytes before now, and they are synced
     /// before the metadata referencing them becomes durable.
+    ///
+    /// Every commit also writes the pending attribute patches (see `attrs`); they are retired
+    /// once the commit succeeded.
     pub(crate) fn commit(&self, txn: redb::WriteTransaction, durable: bool) -> Result<()> {
+        let pending = {
+            let p = lock(&self.patches);
+            if p.is_empty() {
+                Vec::new()
+            } else {
+                p.snapshot()
+            }
+        };
+        if !pending.is_empty() {
+            let mut w = W::open(&txn)?;
+            write_patches(&mut w, &pending).map_err(|e| self.fail(e))?;
+        }
         if durable {
             self.sync_segments()?;
         }
         txn.commit().map_err(|e| self.fail(e.into()))?;
         if durable {
             *lock(&self.last_durable) = Instant::now();
+        }
+        if !pending.is_empty() {
+            lock(&self.patches).retire(&pending);
         }
         Ok(())
     }

@@ -560,3 +560,94 @@ fn heuristic_stores_random_data_raw_and_force_mode_is_per_policy() {
     );
     assert_eq!(read_all(&s, r.ino), random);
 }
+
+/// `setattr` changes are held in memory until the next commit (see `attrs.rs` in the store):
+/// they must read back at once, survive a reopen, never override a newer mtime, and vanish
+/// with a freed inode.
+#[test]
+fn attribute_changes_are_deferred_but_never_stale_or_lost() {
+    let (dir, s) = new_store(16384);
+    let p = dir.path().join("s");
+    let t = |secs| TimeOrNow::Time(Timestamp { secs, nsecs: 7 });
+    let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap();
+    let f = s
+        .mknod(d.ino, b"f", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(f.ino, 0, &pattern(50_000, 3)).unwrap();
+    let set = SetAttr {
+        mode: Some(0o4600),
+        uid: Some(11),
+        gid: Some(12),
+        atime: Some(t(1_000)),
+        mtime: Some(t(2_000)),
+        ..SetAttr::default()
+    };
+    let a = s.setattr(f.ino, &set).unwrap();
+    assert_eq!((a.perm, a.uid, a.gid), (0o4600, 11, 12));
+    assert_eq!((a.atime.secs, a.mtime.secs), (1_000, 2_000));
+    assert_eq!(s.getattr(f.ino).unwrap().mtime.secs, 2_000);
+    // A later write sets mtime to now; the pending patch must not put 2000 back.
+    s.write(f.ino, 10, b"x").unwrap();
+    assert!(s.getattr(f.ino).unwrap().mtime.secs > 2_000);
+    // Same for a directory: a patch's mtime loses against a later entry creation.
+    s.setattr(
+        d.ino,
+        &SetAttr {
+            mtime: Some(t(3_000)),
+            mode: Some(0o700),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.getattr(d.ino).unwrap().mtime.secs, 3_000);
+    s.mknod(d.ino, b"g", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    let da = s.getattr(d.ino).unwrap();
+    assert!(da.mtime.secs > 3_000);
+    assert_eq!(da.perm, 0o700);
+    // A patch of an inode freed before any commit disappears with it.
+    let h = s
+        .mknod(d.ino, b"h", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.setattr(
+        h.ino,
+        &SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    s.unlink(d.ino, b"h").unwrap();
+    assert!(matches!(s.getattr(h.ino), Err(Error::NotFound)));
+    let before = s.getattr(f.ino).unwrap();
+    let dbefore = s.getattr(d.ino).unwrap();
+    s.close().unwrap();
+    let s = Store::open(&p, &OpenOptions::default()).unwrap();
+    let after = s.getattr(f.ino).unwrap();
+    assert_eq!(
+        (after.perm, after.uid, after.gid, after.atime, after.mtime),
+        (
+            before.perm,
+            before.uid,
+            before.gid,
+            before.atime,
+            before.mtime
+        )
+    );
+    let da2 = s.getattr(d.ino).unwrap();
+    assert_eq!((da2.perm, da2.mtime), (0o700, dbefore.mtime));
+    assert!(matches!(s.getattr(h.ino), Err(Error::NotFound)));
+    // A chmod alone becomes durable with fsync.
+    s.setattr(
+        f.ino,
+        &SetAttr {
+            mode: Some(0o640),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    s.fsync(f.ino, false).unwrap();
+    drop(s);
+    let s = Store::open(&p, &OpenOptions::default()).unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().perm, 0o640);
+}
