@@ -207,6 +207,18 @@ pub fn serve(
                 lazy_unmount(&mp);
             }
         });
+    if o.readahead > 0 {
+        let (mp, ra) = (mountpoint.to_path_buf(), o.readahead);
+        let _ = std::thread::Builder::new()
+            .name("compfs-readahead".into())
+            .spawn(move || match set_readahead(&mp, ra) {
+                Ok(()) => tracing::debug!("readahead of {} set to {ra} bytes", mp.display()),
+                Err(e) => tracing::info!(
+                    "kept the kernel's readahead for {} ({e}); raising it needs root",
+                    mp.display()
+                ),
+            });
+    }
     ready();
     let run = session.run();
     // Every FUSE thread has ended, so this is the last reference unless a thread leaked.
@@ -221,23 +233,46 @@ pub fn serve(
     closed.map_err(MountError::Close)
 }
 
+/// Sets the readahead of the mount at `mountpoint` through its backing device info in sysfs
+/// (root only; FUSE itself can only lower the kernel's 128 KiB default). It first waits for a
+/// `statfs` through the mount to return: the kernel applies the FUSE handshake's readahead
+/// limit when the handshake completes, which would undo an earlier change.
+fn set_readahead(mountpoint: &Path, bytes: u32) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let dev = compfs_mount_device(&info, mountpoint)
+        .ok_or_else(|| std::io::Error::other("the mount is not in /proc/self/mountinfo"))?;
+    std::fs::write(
+        format!("/sys/class/bdi/{dev}/read_ahead_kb"),
+        format!("{}\n", bytes / 1024),
+    )
+}
+
+/// The device (`major:minor`) of the compfs mount at `path` in `mountinfo` text (the last one
+/// when mounts are stacked).
+fn compfs_mount_device(info: &str, path: &Path) -> Option<String> {
+    let canon = path.canonicalize().ok()?;
+    let want = canon.as_os_str().as_encoded_bytes();
+    info.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut f = left.split(' ');
+        let dev = f.nth(2)?;
+        let mp = unescape_mountinfo(f.nth(1)?);
+        let fstype = right.split(' ').next()?;
+        (fstype == "fuse.compfs" && mp == want).then(|| dev.to_string())
+    })
+}
+
 /// Is `path` currently a compfs FUSE mount point? Reads /proc/self/mountinfo.
 pub fn is_compfs_mount(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else {
-        return false;
-    };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|l| {
-        let mut halves = l.splitn(2, " - ");
-        let (Some(left), Some(right)) = (halves.next(), halves.next()) else {
-            return false;
-        };
-        let mp = left.split(' ').nth(4).map(unescape_mountinfo);
-        let fstype = right.split(' ').next();
-        fstype == Some("fuse.compfs") && mp.as_deref() == Some(canon.as_os_str().as_encoded_bytes())
-    })
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|info| compfs_mount_device(&info, path).is_some())
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -264,6 +299,23 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_device_from_mountinfo() {
+        let p = std::env::temp_dir().canonicalize().unwrap();
+        let esc = p.display().to_string().replace(' ', "\\040");
+        let info = format!(
+            "36 35 98:0 / {esc} rw,noatime - ext4 /dev/x rw\n\
+             40 36 0:52 / {esc} rw,nosuid - fuse.compfs /s rw,user_id=0\n\
+             41 36 0:53 / /elsewhere rw - fuse.compfs /t rw\n"
+        );
+        assert_eq!(compfs_mount_device(&info, &p).as_deref(), Some("0:52"));
+        assert_eq!(compfs_mount_device("garbage\n\n- -", &p), None);
+        assert_eq!(
+            compfs_mount_device(&info, Path::new("/nonexistent/x")),
+            None
+        );
+    }
 
     #[test]
     fn mountinfo_unescape() {

@@ -12,6 +12,12 @@ use crate::error::OptionError;
 /// Default size of the decompressed-extent cache (issue 5: 64 MiB).
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
+/// Default readahead of the mount (`readahead=SIZE`): 4 MiB, what btrfs sets on its own
+/// backing device (`open_ctree`: at least 4 MiB). The kernel's default for a FUSE mount is
+/// 128 KiB, one extent per read request; 4 MiB lets it send 1 MiB reads, several in flight,
+/// which took the cold read of the Silesia corpus here from 480 to 770-860 MB/s.
+pub const DEFAULT_READAHEAD: u32 = 4 << 20;
+
 /// Default number of FUSE worker threads (each reads requests from its own cloned fd): one per
 /// core, at most 4. More threads than cores made metadata-bound work slower here (untar of
 /// /usr/include on 2 cores: 3.3 s with 1 thread, 5.1 s with 2, 6.7 s with 4) while copy
@@ -40,6 +46,9 @@ pub struct MountOptions {
     pub workers: Option<usize>,
     /// `fuse_threads=N`: threads serving FUSE requests.
     pub fuse_threads: usize,
+    /// `readahead=SIZE`: the mount's readahead (0 keeps the kernel's default). Raising it past
+    /// the kernel's 128 KiB needs root (it is set through sysfs after mounting).
+    pub readahead: u32,
     /// Kernel mount flags passed through to the FUSE mount (`noexec`, `nosuid`, `nodev`,
     /// `noatime`, ...).
     pub flags: Vec<KernelFlag>,
@@ -72,6 +81,7 @@ impl Default for MountOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             workers: None,
             fuse_threads: default_fuse_threads(),
+            readahead: DEFAULT_READAHEAD,
             flags: Vec::new(),
             warnings: Vec::new(),
         }
@@ -140,7 +150,7 @@ const BTRFS_ONLY: &[&str] = &[
 /// Every option compfs understands, for error messages.
 pub const VALID_OPTIONS: &str =
     "compress, compress=ALG[:LEVEL], compress=no, compress-force[=ALG[:LEVEL]], \
-ro, rw, allow_other, allow_root, cache=SIZE, threads=N, fuse_threads=N, \
+ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
 nodev, nosuid, noexec, noatime, dirsync, sync";
 
 impl MountOptions {
@@ -196,6 +206,16 @@ impl MountOptions {
                     option: opt.to_string(),
                     expected: "a size that fits in memory",
                 })?;
+            }
+            ("readahead", Some(v)) => {
+                const MAX: u64 = 64 << 20;
+                self.readahead = parse_bytes(v)
+                    .filter(|&n| n <= MAX)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| OptionError::BadValue {
+                        option: opt.to_string(),
+                        expected: "a size from 0 to 64M such as 4M or 512K",
+                    })?;
             }
             ("threads", Some(v)) => self.workers = Some(parse_count(opt, v)?),
             ("fuse_threads", Some(v)) => self.fuse_threads = parse_count(opt, v)?,
@@ -428,6 +448,16 @@ mod tests {
         assert_eq!(parse_bytes("12Q"), None);
         assert_eq!(parse_bytes("-1M"), None);
         assert_eq!(parse_bytes("99999999999999999999"), None);
+    }
+
+    #[test]
+    fn readahead_option() {
+        assert_eq!(parse("").unwrap().readahead, DEFAULT_READAHEAD);
+        assert_eq!(parse("readahead=1M").unwrap().readahead, 1 << 20);
+        assert_eq!(parse("readahead=0").unwrap().readahead, 0);
+        assert!(parse("readahead=65M").is_err());
+        assert!(parse("readahead=lots").is_err());
+        assert!(parse("readahead").is_err());
     }
 
     #[test]

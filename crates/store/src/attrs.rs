@@ -15,9 +15,11 @@
 
 use std::collections::HashMap;
 
-use crate::error::{Error, Result};
+use redb::ReadableTable;
+
+use crate::error::Result;
 use crate::format::InodeRec;
-use crate::meta::W;
+use crate::meta::{dec, INODES};
 use crate::types::{Attr, Ino, Timestamp};
 
 /// Pending attribute values of one inode.
@@ -137,17 +139,20 @@ impl Patches {
     }
 }
 
-/// Writes `pending` into the transaction of `w`; inodes freed meanwhile are skipped.
-pub(crate) fn write_patches(w: &mut W<'_>, pending: &[(Ino, AttrPatch, u64)]) -> Result<()> {
+/// Writes `pending` into `txn` (only the inode table is opened: this runs in every commit
+/// while patches are pending); inodes freed meanwhile are skipped.
+pub(crate) fn write_patches(
+    txn: &redb::WriteTransaction,
+    pending: &[(Ino, AttrPatch, u64)],
+) -> Result<()> {
+    let mut t = txn.open_table(INODES)?;
     for (ino, p, _) in pending {
-        match w.inode(*ino) {
-            Ok(mut r) => {
-                p.apply(&mut r);
-                w.put_inode(*ino, &r)?;
-            }
-            Err(Error::NotFound) => {}
-            Err(e) => return Err(e),
-        }
+        let mut r = match t.get(*ino)? {
+            Some(v) => dec(InodeRec::decode(v.value()))?,
+            None => continue,
+        };
+        p.apply(&mut r);
+        t.insert(*ino, r.encode().as_slice())?;
     }
     Ok(())
 }

@@ -699,8 +699,7 @@ impl Inner {
             }
         };
         if !pending.is_empty() {
-            let mut w = W::open(&txn)?;
-            write_patches(&mut w, &pending).map_err(|e| self.fail(e))?;
+            write_patches(&txn, &pending).map_err(|e| self.fail(e))?;
         }
         if durable {
             self.sync_segments()?;
