@@ -74,6 +74,6 @@ while IFS= read -r f; do
 done < "$list"
 [ "$bad" -eq 0 ] && echo "all $nfiles files identical"
 
-fusermount3 -u "$mnt"
-echo "unmounted; cleaning up"
+"$bin" umount "$mnt"
+echo "unmounted (everything durable); cleaning up"
 exit "$bad"

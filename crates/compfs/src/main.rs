@@ -23,6 +23,8 @@ enum Command {
     Bench(BenchCommand),
     /// Mount a store with FUSE; -o takes btrfs options (compress=zstd:3, compress-force=...).
     Mount(cmd::fs::MountArgs),
+    /// Unmount a compfs mount and wait until its daemon has made everything durable.
+    Umount(cmd::fs::UmountArgs),
     /// compsize-style report of disk usage for files on a mount (or a whole unmounted store).
     Usage(cmd::fs::UsageArgs),
     /// Get or set a file's or directory's compression property.
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
         Command::Usage(a) => cmd::fs::usage(a),
         Command::Property(c) => cmd::fs::property(c),
         Command::Stats(a) => cmd::fs::stats(a),
+        Command::Umount(a) => cmd::fs::umount(a),
         Command::Mkfs(a) => cmd::store::mkfs(a),
         Command::Fsck(a) => cmd::store::fsck_cmd(a),
         Command::Gc(a) => cmd::store::gc(a),

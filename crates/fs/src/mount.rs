@@ -2,6 +2,7 @@
 //! until unmounted (or SIGTERM/SIGINT/SIGHUP, which unmount), then close the store durably.
 
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -188,6 +189,9 @@ pub fn serve(
             detail: "not a directory".to_string(),
         });
     }
+    // Held until the store is closed (dropped last): `compfs umount` waits for it, because
+    // the kernel does not wait for a FUSE daemon when unmounting.
+    let _serving = hold_serving_lock(store_dir);
     let store = Arc::new(store);
     let fs = CompFs::new(store.clone());
     let cfg = fuse_config(store_dir, o);
@@ -254,9 +258,69 @@ fn set_readahead(mountpoint: &Path, bytes: u32) -> std::io::Result<()> {
     )
 }
 
+/// Takes an exclusive `flock` on the store's superblock file for as long as the returned file
+/// lives (the daemon's lifetime; the kernel drops it if the process dies). No store code locks
+/// this file; see [`wait_until_closed`].
+fn hold_serving_lock(store_dir: &Path) -> Option<std::fs::File> {
+    let f = std::fs::File::open(store_dir.join(compfs_store::format::SUPERBLOCK_FILE)).ok()?;
+    // SAFETY: flock on a descriptor we own.
+    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+    if r != 0 {
+        tracing::warn!(
+            "cannot lock {}: {}; `compfs umount` will not wait for this mount",
+            store_dir.display(),
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    Some(f)
+}
+
+/// Waits until no daemon serves the store at `store_dir` any more (it released the lock of
+/// [`hold_serving_lock`] after its final durable commit, or died). False on timeout.
+pub fn wait_until_closed(store_dir: &Path, timeout: Duration) -> std::io::Result<bool> {
+    let f = std::fs::File::open(store_dir.join(compfs_store::format::SUPERBLOCK_FILE))?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let deadline = Instant::now() + timeout;
+    loop {
+        // SAFETY: flock on a descriptor we own; the shared lock is released when `f` closes.
+        if unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The store served by the compfs mount at `mountpoint` (from the mount source `compfs:STORE`
+/// in /proc/self/mountinfo), if it is one.
+pub fn mounted_store(mountpoint: &Path) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    compfs_mount_field(&info, mountpoint, |_, source| {
+        let s = unescape_mountinfo(source);
+        let s = s.strip_prefix(b"compfs:")?;
+        Some(PathBuf::from(std::ffi::OsStr::from_bytes(s)))
+    })
+}
+
 /// The device (`major:minor`) of the compfs mount at `path` in `mountinfo` text (the last one
 /// when mounts are stacked).
 fn compfs_mount_device(info: &str, path: &Path) -> Option<String> {
+    compfs_mount_field(info, path, |dev, _| Some(dev.to_string()))
+}
+
+/// `pick(device, source)` of the last compfs mount at `path` in `mountinfo` text.
+fn compfs_mount_field<T>(
+    info: &str,
+    path: &Path,
+    pick: impl Fn(&str, &str) -> Option<T>,
+) -> Option<T> {
     let canon = path.canonicalize().ok()?;
     let want = canon.as_os_str().as_encoded_bytes();
     info.lines().rev().find_map(|l| {
@@ -264,8 +328,14 @@ fn compfs_mount_device(info: &str, path: &Path) -> Option<String> {
         let mut f = left.split(' ');
         let dev = f.nth(2)?;
         let mp = unescape_mountinfo(f.nth(1)?);
-        let fstype = right.split(' ').next()?;
-        (fstype == "fuse.compfs" && mp == want).then(|| dev.to_string())
+        let mut r = right.split(' ');
+        let fstype = r.next()?;
+        let source = r.next()?;
+        if fstype == "fuse.compfs" && mp == want {
+            pick(dev, source)
+        } else {
+            None
+        }
     })
 }
 
@@ -310,6 +380,10 @@ mod tests {
              41 36 0:53 / /elsewhere rw - fuse.compfs /t rw\n"
         );
         assert_eq!(compfs_mount_device(&info, &p).as_deref(), Some("0:52"));
+        assert_eq!(
+            compfs_mount_field(&info, &p, |_, src| Some(src.to_string())).as_deref(),
+            Some("/s")
+        );
         assert_eq!(compfs_mount_device("garbage\n\n- -", &p), None);
         assert_eq!(
             compfs_mount_device(&info, Path::new("/nonexistent/x")),

@@ -77,6 +77,66 @@ pub struct StatsArgs {
     pub mountpoint: PathBuf,
 }
 
+#[derive(Args, Debug)]
+pub struct UmountArgs {
+    /// Mount point of a compfs filesystem.
+    pub mountpoint: PathBuf,
+    /// Seconds to wait for the daemon to write everything back and close the store.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+}
+
+/// `compfs umount`: unmounts, then waits until the daemon has made everything durable and
+/// closed the store. Plain `umount` returns as soon as the kernel detaches the mount: the
+/// kernel does not wait for a FUSE daemon (it sends no DESTROY to non-block FUSE mounts), so
+/// the daemon's final flush and durable commit may still be running for a few milliseconds.
+pub fn umount(a: UmountArgs) -> Result<ExitCode> {
+    let Some(store) = compfs_fs::mount::mounted_store(&a.mountpoint) else {
+        bail!(
+            "{} is not a compfs mount point (see /proc/self/mountinfo)",
+            a.mountpoint.display()
+        );
+    };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        let c = CString::new(a.mountpoint.as_os_str().as_bytes())?;
+        // SAFETY: `c` is a valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                bail!(
+                    "cannot unmount {}: it is busy; close the files and shells using it (`fuser -m {}` lists them)",
+                    a.mountpoint.display(),
+                    a.mountpoint.display()
+                );
+            }
+            bail!("cannot unmount {}: {e}", a.mountpoint.display());
+        }
+    } else {
+        let st = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&a.mountpoint)
+            .status()
+            .context("running fusermount3 (install the fuse3 package)")?;
+        if !st.success() {
+            bail!("fusermount3 -u {} failed", a.mountpoint.display());
+        }
+    }
+    let closed =
+        compfs_fs::mount::wait_until_closed(&store, std::time::Duration::from_secs(a.timeout))
+            .with_context(|| format!("waiting for store {}", store.display()))?;
+    if !closed {
+        bail!(
+            "unmounted {}, but its daemon still holds store {} after {} s; it may still be writing back",
+            a.mountpoint.display(),
+            store.display(),
+            a.timeout
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `compfs mount`.
 pub fn mount(a: MountArgs) -> Result<ExitCode> {
     let opts = MountOptions::parse(&a.options)?;
