@@ -1,13 +1,20 @@
-//! The storage seam for segment files: every byte of file data goes through a [`Backend`], so
-//! tests can inject failures (EIO, ENOSPC) and torn writes at chosen points with
-//! [`FaultBackend`]. The metadata database is redb's own file.
+//! The storage seams: every byte of file data goes through a [`Backend`], so tests can inject
+//! failures (EIO, ENOSPC) and torn writes at chosen points with [`FaultBackend`]. The metadata
+//! database `meta.redb` is redb's own file; a [`FaultBackend`] given as
+//! [`Tuning::meta_faults`](crate::Tuning::meta_faults) injects the same faults into redb's
+//! writes, syncs and resizes of it through [`MetaFile`], a [`redb::StorageBackend`] wrapped
+//! around redb's [`FileBackend`].
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Bound;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
 
 /// One open segment file.
 pub trait SegFile: Send + Sync {
@@ -83,6 +90,8 @@ pub enum FaultOp {
     Write,
     Sync,
     Create,
+    /// Truncating or extending a file (`set_len`).
+    SetLen,
 }
 
 /// What happens at the chosen operation.
@@ -109,7 +118,9 @@ pub struct Fault {
 #[derive(Default)]
 struct FaultState {
     fault: Option<Fault>,
-    counts: [u64; 3],
+    counts: [u64; 4],
+    /// Operations of each kind since creation (never reset).
+    totals: [u64; 4],
     fired: u64,
 }
 
@@ -130,7 +141,7 @@ impl FaultBackend {
     pub fn arm(&self, fault: Fault) {
         if let Ok(mut s) = self.state.lock() {
             s.fault = Some(fault);
-            s.counts = [0; 3];
+            s.counts = [0; 4];
         }
     }
 
@@ -146,7 +157,8 @@ impl FaultBackend {
         self.state.lock().map(|s| s.fired).unwrap_or(0)
     }
 
-    /// Segment writes and syncs done so far.
+    /// Writes and syncs done so far (of segment files, or of the metadata file for a
+    /// [`FaultBackend`] used as [`Tuning::meta_faults`](crate::Tuning::meta_faults)).
     pub fn counts(&self) -> (u64, u64) {
         (
             self.writes.load(Ordering::Relaxed),
@@ -154,11 +166,20 @@ impl FaultBackend {
         )
     }
 
+    /// Operations of kind `op` done so far (armed or not).
+    pub fn count(&self, op: FaultOp) -> u64 {
+        self.state
+            .lock()
+            .map(|s| s.totals[op as usize])
+            .unwrap_or(0)
+    }
+
     fn check(&self, op: FaultOp) -> Option<FaultKind> {
         let mut s = self.state.lock().ok()?;
         let idx = op as usize;
         let n = s.counts[idx];
         s.counts[idx] += 1;
+        s.totals[idx] += 1;
         let f = s.fault?;
         if f.op == op && (n == f.nth || (f.sticky && n > f.nth)) {
             s.fired += 1;
@@ -176,6 +197,30 @@ fn fault_error(k: FaultKind) -> io::Error {
     }
 }
 
+/// Writes `data` with `write`, unless `fault`: then fails, after writing a prefix if torn.
+fn faulty_write(
+    fault: Option<FaultKind>,
+    data: &[u8],
+    write: impl FnOnce(&[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    match fault {
+        None => write(data),
+        Some(FaultKind::Torn(n)) => {
+            write(&data[..n.min(data.len())])?;
+            Err(fault_error(FaultKind::Torn(n)))
+        }
+        Some(k) => Err(fault_error(k)),
+    }
+}
+
+/// Runs `op`, unless `fault`: then fails without running it.
+fn faulty(fault: Option<FaultKind>, op: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    match fault {
+        None => op(),
+        Some(k) => Err(fault_error(k)),
+    }
+}
+
 struct FaultFile {
     inner: Arc<dyn SegFile>,
     backend: FaultBackend,
@@ -187,27 +232,21 @@ impl SegFile for FaultFile {
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.backend.writes.fetch_add(1, Ordering::Relaxed);
-        match self.backend.check(FaultOp::Write) {
-            None => self.inner.write_all_at(buf, offset),
-            Some(FaultKind::Torn(n)) => {
-                self.inner.write_all_at(&buf[..n.min(buf.len())], offset)?;
-                Err(fault_error(FaultKind::Torn(n)))
-            }
-            Some(k) => Err(fault_error(k)),
-        }
+        faulty_write(self.backend.check(FaultOp::Write), buf, |b| {
+            self.inner.write_all_at(b, offset)
+        })
     }
     fn sync_data(&self) -> io::Result<()> {
         self.backend.syncs.fetch_add(1, Ordering::Relaxed);
-        match self.backend.check(FaultOp::Sync) {
-            None => self.inner.sync_data(),
-            Some(k) => Err(fault_error(k)),
-        }
+        faulty(self.backend.check(FaultOp::Sync), || self.inner.sync_data())
     }
     fn size(&self) -> io::Result<u64> {
         self.inner.size()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
+        faulty(self.backend.check(FaultOp::SetLen), || {
+            self.inner.set_len(len)
+        })
     }
 }
 
@@ -232,5 +271,82 @@ impl Backend for FaultBackend {
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         StdBackend.sync_dir(path)
+    }
+}
+
+/// redb's file backend for `meta.redb` with the faults of a [`FaultBackend`]: its `write`s,
+/// `sync_data`s and `set_len`s count as [`FaultOp::Write`], [`FaultOp::Sync`] and
+/// [`FaultOp::SetLen`]. Reads and redb's file locks go straight to the file, so a store opened
+/// with faults still refuses a second open of the same store.
+pub struct MetaFile {
+    inner: FileBackend,
+    faults: FaultBackend,
+}
+
+impl MetaFile {
+    /// Wraps `file`, opened for reading and writing.
+    pub fn new(file: File, faults: FaultBackend) -> Result<MetaFile, redb::DatabaseError> {
+        Ok(MetaFile {
+            inner: FileBackend::new(file)?,
+            faults,
+        })
+    }
+}
+
+impl std::fmt::Debug for MetaFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaFile")
+            .field("inner", &self.inner)
+            .field("fired", &self.faults.fired())
+            .finish()
+    }
+}
+
+impl StorageBackend for MetaFile {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        faulty(self.faults.check(FaultOp::SetLen), || {
+            self.inner.set_len(len)
+        })
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.faults.syncs.fetch_add(1, Ordering::Relaxed);
+        faulty(self.faults.check(FaultOp::Sync), || self.inner.sync_data())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.faults.writes.fetch_add(1, Ordering::Relaxed);
+        faulty_write(self.faults.check(FaultOp::Write), data, |d| {
+            self.inner.write(offset, d)
+        })
+    }
+    fn close(&self) -> io::Result<()> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
     }
 }
