@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use compfs_codec::{
     Algorithm, CodecSpec, Decompressor, ExtentOutcome, ExtentPolicy, Mode, RawReason,
@@ -29,6 +29,15 @@ pub(crate) struct FlushMeta {
     pub mtime: Timestamp,
     pub ctime: Timestamp,
     pub punch: Vec<(u64, u64)>,
+}
+
+/// Encoded blocks appended to a segment, waiting for their metadata transaction.
+struct Staged {
+    encoded: Vec<Encoded>,
+    /// (index in `encoded`, extent id, offset from the start of the append, header).
+    placed: Vec<(usize, u64, u64, ExtentHeader)>,
+    /// Segment and offset of the append (none when nothing was appended).
+    seg: Option<(u64, u64)>,
 }
 
 /// A batch of blocks being compressed by the pool, to be committed by the next flush.
@@ -648,6 +657,204 @@ impl Inner {
         self.maybe_forget(ino);
     }
 
+    /// Flushes files queued by [`Inner::queue_writeback`]: each is compressed on this thread and
+    /// appended, then all are committed in one transaction. An untar closes thousands of small
+    /// files; a transaction each was most of the writeback's cost and kept redb's write lock
+    /// busy while FUSE requests (creates) waited for it. A file that is locked elsewhere, or
+    /// holds more than one block, partial blocks, punched holes or batches in flight, is
+    /// flushed on its own.
+    pub(crate) fn writeback_batch(&self, inos: &[Ino]) {
+        if self.check_writable().is_err() {
+            return;
+        }
+        let mut seen = BTreeSet::new();
+        let arcs: Vec<(Ino, Arc<Mutex<FileState>>)> = inos
+            .iter()
+            .filter(|i| seen.insert(**i))
+            .filter_map(|&i| self.existing_file(i).map(|a| (i, a)))
+            .collect();
+        let mut alone = Vec::new();
+        let mut held = Vec::new();
+        for (ino, a) in &arcs {
+            let g = match a.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    alone.push(*ino);
+                    continue;
+                }
+            };
+            let Some(d) = g.dirty.as_ref() else {
+                continue;
+            };
+            let simple = d.blocks.len() <= 1
+                && d.partial.is_empty()
+                && d.punch.is_empty()
+                && d.pending.is_empty();
+            if g.dead {
+                continue;
+            }
+            if simple {
+                held.push((*ino, g));
+            } else {
+                drop(g);
+                alone.push(*ino);
+            }
+        }
+        if let Err(e) = self.writeback_held(&mut held) {
+            tracing::error!("compfs writeback of {} files failed: {e}", held.len());
+        }
+        let done: Vec<Ino> = held.iter().map(|(i, _)| *i).collect();
+        drop(held);
+        for ino in done {
+            self.maybe_forget(ino);
+        }
+        for ino in alone {
+            self.writeback_one(ino);
+        }
+    }
+
+    /// The work of [`Inner::writeback_batch`] on files whose locks it holds. On failure every
+    /// file keeps its buffer (and the store is read-only).
+    fn writeback_held(&self, held: &mut [(Ino, MutexGuard<'_, FileState>)]) -> Result<()> {
+        struct Item {
+            at: usize,
+            d: Dirty,
+            meta: FlushMeta,
+            staged: Staged,
+            keep: Vec<(u64, Arc<Vec<u8>>)>,
+        }
+        let e = self.sb.extent_size as u64;
+        let mut items: Vec<Item> = Vec::with_capacity(held.len());
+        let restore = |held: &mut [(Ino, MutexGuard<'_, FileState>)], items: Vec<Item>| {
+            for mut it in items {
+                if let Some((id, _)) = it.staged.seg {
+                    self.unpin(id);
+                }
+                for (b, a) in it.keep {
+                    it.d.blocks
+                        .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+                }
+                held[it.at].1.dirty = Some(it.d);
+            }
+        };
+        for at in 0..held.len() {
+            let ino = held[at].0;
+            let Some(mut d) = held[at].1.dirty.take() else {
+                continue;
+            };
+            let prepared = self.file_policy(ino).map(|policy| {
+                let inline_ok = d.size <= self.sb.inline_max as u64;
+                let live: Vec<u64> = d
+                    .blocks
+                    .keys()
+                    .copied()
+                    .filter(|&b| b * e < d.size)
+                    .collect();
+                let mut results = Vec::with_capacity(live.len());
+                let mut keep = Vec::with_capacity(live.len());
+                for b in live {
+                    let Some(src) = d.blocks.remove(&b) else {
+                        continue;
+                    };
+                    let src = Arc::new(src);
+                    let len = (d.size - b * e).min(e) as usize;
+                    let en = ENCODER.with(|enc| {
+                        encode_block(
+                            &mut enc.borrow_mut(),
+                            &policy,
+                            b,
+                            &src[..len],
+                            inline_ok && b == 0,
+                        )
+                    });
+                    keep.push((b, src.clone()));
+                    results.push((en, src));
+                }
+                let staged = self.stage_encoded(ino, results);
+                (staged, keep)
+            });
+            let meta = FlushMeta {
+                size: d.size,
+                mtime: d.mtime,
+                ctime: d.ctime,
+                punch: Vec::new(),
+            };
+            match prepared {
+                Ok((Ok(staged), keep)) => items.push(Item {
+                    at,
+                    d,
+                    meta,
+                    staged,
+                    keep,
+                }),
+                Ok((Err(err), keep)) => {
+                    for (b, a) in keep {
+                        d.blocks
+                            .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+                    }
+                    held[at].1.dirty = Some(d);
+                    restore(held, items);
+                    return Err(self.fail(err));
+                }
+                Err(err) => {
+                    held[at].1.dirty = Some(d);
+                    restore(held, items);
+                    return Err(err);
+                }
+            }
+        }
+        if items.is_empty() {
+            return Ok(());
+        }
+        let res = (|| {
+            let txn = self.begin(false)?;
+            let freed;
+            {
+                let mut w = W::open(&txn)?;
+                for it in &items {
+                    // A file unlinked meanwhile: its data goes with it.
+                    match w.inode(held[it.at].0) {
+                        Ok(_) => {}
+                        Err(Error::NotFound) => continue,
+                        Err(e) => return Err(e),
+                    }
+                    self.apply_flush(&mut w, held[it.at].0, &it.meta, &it.staged)?;
+                }
+                self.put_next_extent(&mut w)?;
+                freed = std::mem::take(&mut w.freed);
+            }
+            self.commit(txn, false)?;
+            Ok(freed)
+        })();
+        match res {
+            Ok(freed) => {
+                for it in items {
+                    if let Some((id, _)) = it.staged.seg {
+                        self.unpin(id);
+                    }
+                    let n = it.keep.len() + it.d.blocks.len();
+                    self.dirty_bytes
+                        .fetch_sub(n * e as usize, Ordering::Relaxed);
+                    for (_, a) in it.keep {
+                        if let Ok(v) = Arc::try_unwrap(a) {
+                            self.give_buf(v);
+                        }
+                    }
+                }
+                let mut cache = lock(&self.cache);
+                for id in freed {
+                    cache.remove(id);
+                }
+                Ok(())
+            }
+            Err(err) => {
+                restore(held, items);
+                Err(self.fail(err))
+            }
+        }
+    }
+
     /// Flushes everything buffered in `d` synchronously, keeping `d` as an empty buffer.
     fn flush_sync_inner(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         let blocks = d.blocks.len() + d.partial.len();
@@ -847,6 +1054,46 @@ impl Inner {
         durable: bool,
         results: Vec<EncodedBlock>,
     ) -> Result<()> {
+        let staged = self.stage_encoded(ino, results)?;
+        let res = (|| {
+            let txn = self.begin(durable)?;
+            let freed;
+            {
+                let mut w = W::open(&txn)?;
+                self.apply_flush(&mut w, ino, meta, &staged)?;
+                self.put_next_extent(&mut w)?;
+                freed = std::mem::take(&mut w.freed);
+            }
+            self.commit(txn, durable)?;
+            Ok(freed)
+        })();
+        self.finish_staged(&staged, res)
+    }
+
+    /// Unpins the segment of a staged flush and, when its commit succeeded, drops the extents it
+    /// freed from the cache.
+    fn finish_staged(&self, staged: &Staged, res: Result<Vec<u64>>) -> Result<()> {
+        if let Some((id, _)) = staged.seg {
+            self.unpin(id);
+        }
+        let freed = res?;
+        let mut cache = lock(&self.cache);
+        for id in freed {
+            cache.remove(id);
+        }
+        Ok(())
+    }
+
+    fn put_next_extent(&self, w: &mut W<'_>) -> Result<()> {
+        let next = self.next_extent.load(Ordering::SeqCst);
+        w.meta_mut()?
+            .insert(meta::NEXT_EXTENT, next.to_le_bytes().as_slice())?;
+        Ok(())
+    }
+
+    /// Lays out encoded blocks as extents, appends them to the active segment (pinned until
+    /// [`Inner::finish_staged`]) and notes the segment as unsynced.
+    fn stage_encoded(&self, ino: Ino, results: Vec<EncodedBlock>) -> Result<Staged> {
         let e = self.sb.extent_size as u64;
         let mut encoded = Vec::with_capacity(results.len());
         let mut blocks: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
@@ -910,40 +1157,25 @@ impl Inner {
             let (id, f, off) = self.append(&buf)?;
             // Durability order: these bytes are synced before any durable commit (which
             // would make metadata referencing them durable): see `Inner::commit`.
-            self.mark_unsynced(id, f);
+            self.mark_unsynced(id, f, buf.len() as u64);
             seg = Some((id, off));
         }
-        let res = self.commit_flush(ino, meta, durable, &encoded, &placed, seg);
-        if let Some((id, _)) = seg {
-            self.unpin(id);
-        }
-        let freed = res?;
-        let mut cache = lock(&self.cache);
-        for id in freed {
-            cache.remove(id);
-        }
-        drop(cache);
         // Written blocks are not cached (the kernel's page cache holds them on a mount); their
         // buffers are reused for the next writes.
-        let _ = &placed;
         drop(blocks);
-        Ok(())
+        Ok(Staged {
+            encoded,
+            placed,
+            seg,
+        })
     }
 
-    fn commit_flush(
-        &self,
-        ino: Ino,
-        d: &FlushMeta,
-        durable: bool,
-        encoded: &[Encoded],
-        placed: &[(usize, u64, u64, ExtentHeader)],
-        seg: Option<(u64, u64)>,
-    ) -> Result<Vec<u64>> {
+    /// The metadata changes of one staged flush, inside the caller's transaction (extents freed
+    /// are added to `w.freed`).
+    fn apply_flush(&self, w: &mut W<'_>, ino: Ino, d: &FlushMeta, st: &Staged) -> Result<()> {
+        let (encoded, placed, seg) = (&st.encoded, &st.placed, st.seg);
         let e = self.sb.extent_size as u64;
-        let txn = self.begin(durable)?;
-        let freed;
         {
-            let mut w = W::open(&txn)?;
             let mut rec = w.inode(ino)?;
             let old_inline = rec.inline.clone();
             let mut disk: i64 = 0;
@@ -1019,13 +1251,8 @@ impl Inner {
             rec.ctime = rec.ctime.max(d.ctime);
             rec.disk_bytes = rec.disk_bytes.saturating_add_signed(disk);
             w.put_inode(ino, &rec)?;
-            let next = self.next_extent.load(Ordering::SeqCst);
-            w.meta
-                .insert(meta::NEXT_EXTENT, next.to_le_bytes().as_slice())?;
-            freed = std::mem::take(&mut w.freed);
         }
-        self.commit(txn, durable)?;
-        Ok(freed)
+        Ok(())
     }
 
     /// Flushes every file with buffered changes (non-durably).

@@ -774,42 +774,43 @@ fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
     {
         let mut w = W::open(&txn)?;
         for (d, name) in &fx.remove_dirents {
-            w.dirents.remove((*d, name.as_slice()))?;
+            w.dirents_mut()?.remove((*d, name.as_slice()))?;
         }
         for k in &fx.remove_index {
-            w.dirindex.remove(*k)?;
+            w.dirindex_mut()?.remove(*k)?;
         }
         for (ino, off) in &fx.remove_map {
-            w.extmap.remove((*ino, *off))?;
+            w.extmap_mut()?.remove((*ino, *off))?;
         }
         for id in &fx.remove_extents {
-            if let Some(v) = w.extents.remove(*id)? {
-                if let Ok(x) = ExtentRec::decode(v.value()) {
-                    drop(v);
-                    w.seg_extents.remove((x.segment, x.seg_offset))?;
-                }
+            let removed = w
+                .extents_mut()?
+                .remove(*id)?
+                .map(|v| ExtentRec::decode(v.value()));
+            if let Some(Ok(x)) = removed {
+                w.seg_extents_mut()?.remove((x.segment, x.seg_offset))?;
             }
         }
         for ino in &fx.free_inodes {
             // Remove what the inode owns directly; counts are recomputed by the next pass.
             let owned: Vec<u64> = w
-                .extmap
+                .extmap()?
                 .range((*ino, 0)..=(*ino, u64::MAX))?
                 .map(|r| r.map(|(k, _)| k.value().1))
                 .collect::<std::result::Result<_, _>>()?;
             for off in owned {
-                w.extmap.remove((*ino, off))?;
+                w.extmap_mut()?.remove((*ino, off))?;
             }
             let names: Vec<Vec<u8>> = w
-                .xattrs
+                .xattrs()?
                 .range((*ino, &[][..])..(*ino + 1, &[][..]))?
                 .map(|r| r.map(|(k, _)| k.value().1.to_vec()))
                 .collect::<std::result::Result<_, _>>()?;
             for n in names {
-                w.xattrs.remove((*ino, n.as_slice()))?;
+                w.xattrs_mut()?.remove((*ino, n.as_slice()))?;
             }
-            w.orphans.remove(*ino)?;
-            w.inodes.remove(*ino)?;
+            w.orphans_mut()?.remove(*ino)?;
+            w.inodes_mut()?.remove(*ino)?;
         }
         for (ino, n) in &fx.set_nlink {
             if let Ok(mut r) = w.inode(*ino) {
@@ -826,29 +827,29 @@ fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
         for (id, n) in &fx.set_refs {
             if let Ok(mut x) = w.extent(*id) {
                 x.refs = *n;
-                w.extents.insert(*id, x.encode().as_slice())?;
+                w.extents_mut()?.insert(*id, x.encode().as_slice())?;
             }
         }
         for (id, s) in &fx.set_segments {
             match s {
                 Some(s) => w.put_segment(*id, s)?,
                 None => {
-                    w.segments.remove(*id)?;
+                    w.segments_mut()?.remove(*id)?;
                 }
             }
         }
         for (k, s) in &fx.set_stats {
             match s {
                 Some(s) => {
-                    w.stats.insert(*k, s.encode().as_slice())?;
+                    w.stats_mut()?.insert(*k, s.encode().as_slice())?;
                 }
                 None => {
-                    w.stats.remove(*k)?;
+                    w.stats_mut()?.remove(*k)?;
                 }
             }
         }
         for (name, v) in &fx.counters {
-            w.meta.insert(*name, v.to_le_bytes().as_slice())?;
+            w.meta_mut()?.insert(*name, v.to_le_bytes().as_slice())?;
         }
     }
     txn.commit()?;

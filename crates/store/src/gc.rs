@@ -179,7 +179,7 @@ impl Inner {
                 {
                     let mut w = W::open(&txn)?;
                     for (id, old, rel) in &batch {
-                        let Some(v) = w.extents.get(*id)? else {
+                        let Some(v) = w.extents()?.get(*id)? else {
                             continue;
                         };
                         let mut cur = dec(ExtentRec::decode(v.value()))?;
@@ -189,9 +189,10 @@ impl Inner {
                         }
                         cur.segment = new_seg;
                         cur.seg_offset = base + rel;
-                        w.extents.insert(*id, cur.encode().as_slice())?;
-                        w.seg_extents.remove((victim, old.seg_offset))?;
-                        w.seg_extents.insert((new_seg, cur.seg_offset), *id)?;
+                        w.extents_mut()?.insert(*id, cur.encode().as_slice())?;
+                        w.seg_extents_mut()?.remove((victim, old.seg_offset))?;
+                        w.seg_extents_mut()?
+                            .insert((new_seg, cur.seg_offset), *id)?;
                         let mut vs = w.segment(victim)?;
                         vs.live = vs.live.saturating_sub(cur.footprint());
                         w.put_segment(victim, &vs)?;
@@ -224,14 +225,14 @@ impl Inner {
         let txn = self.begin(true)?;
         {
             let mut w = W::open(&txn)?;
-            if w.seg_extents
+            if w.seg_extents()?
                 .range((victim, 0)..=(victim, u64::MAX))?
                 .next()
                 .is_some()
             {
                 return Ok((moved, bytes, false));
             }
-            w.segments.remove(victim)?;
+            w.segments_mut()?.remove(victim)?;
         }
         self.commit(txn, true)?;
         self.delete_segment(victim)?;

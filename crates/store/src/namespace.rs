@@ -79,7 +79,8 @@ impl Inner {
     }
 
     fn open_count(&self, ino: Ino) -> u32 {
-        self.existing_file(ino).map_or(0, |f| lock(&f).open)
+        // Not the file's lock: this runs inside namespace transactions (see `Inner::opens`).
+        lock(&self.opens).get(&ino).copied().unwrap_or(0)
     }
 
     /// Drops one link of `ino` inside `w`; frees it (or marks it orphan while open).
@@ -89,7 +90,7 @@ impl Inner {
         rec.ctime = now;
         if rec.nlink == 0 {
             if self.open_count(ino) > 0 {
-                w.orphans.insert(ino, ())?;
+                w.orphans_mut()?.insert(ino, ())?;
                 w.put_inode(ino, rec)?;
             } else {
                 w.free_inode(ino)?;
@@ -172,11 +173,12 @@ impl Inner {
             w.put_inode(ino, &rec)?;
             if matches!(kind, FileKind::File | FileKind::Dir) {
                 let inherited = w
-                    .xattrs
+                    .xattrs()?
                     .get((parent, COMPRESSION_XATTR))?
                     .map(|v| v.value().to_vec());
                 if let Some(v) = inherited {
-                    w.xattrs.insert((ino, COMPRESSION_XATTR), v.as_slice())?;
+                    w.xattrs_mut()?
+                        .insert((ino, COMPRESSION_XATTR), v.as_slice())?;
                 }
             }
             w.add_dirent(parent, &mut p, name, ino, kind)?;
@@ -632,6 +634,7 @@ impl Store {
         self.inner.inode(ino)?;
         self.inner.with_file(ino, |st| {
             st.open += 1;
+            *lock(&self.inner.opens).entry(ino).or_insert(0) += 1;
             Ok(())
         })
     }
@@ -641,6 +644,14 @@ impl Store {
         let inner = &self.inner;
         let last = inner.with_file(ino, |st| {
             st.open = st.open.saturating_sub(1);
+            {
+                let mut o = lock(&inner.opens);
+                if st.open == 0 {
+                    o.remove(&ino);
+                } else {
+                    o.insert(ino, st.open);
+                }
+            }
             if st.open > 0 {
                 return Ok(false);
             }
@@ -724,16 +735,16 @@ impl Store {
         {
             let mut w = W::open(&txn)?;
             let mut r = w.inode(ino)?;
-            let exists = w.xattrs.get((ino, name))?.is_some();
+            let exists = w.xattrs()?.get((ino, name))?.is_some();
             match how {
                 XattrSet::Create if exists => return Err(Error::Exists),
                 XattrSet::Replace if !exists => return Err(Error::NoXattr),
                 _ => {}
             }
             if clear {
-                w.xattrs.remove((ino, name))?;
+                w.xattrs_mut()?.remove((ino, name))?;
             } else {
-                w.xattrs.insert((ino, name), value.as_slice())?;
+                w.xattrs_mut()?.insert((ino, name), value.as_slice())?;
             }
             r.ctime = Timestamp::now();
             w.put_inode(ino, &r)?;
@@ -759,7 +770,7 @@ impl Store {
         {
             let mut w = W::open(&txn)?;
             let mut r = w.inode(ino)?;
-            if w.xattrs.remove((ino, name))?.is_none() {
+            if w.xattrs_mut()?.remove((ino, name))?.is_none() {
                 return Err(Error::NoXattr);
             }
             r.ctime = Timestamp::now();

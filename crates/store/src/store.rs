@@ -12,7 +12,7 @@ use compfs_codec::{CodecSpec, Mode};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::attrs::{write_patches, Patches};
-use crate::backend::{Backend, SegFile, StdBackend};
+use crate::backend::{Backend, FaultBackend, MetaFile, SegFile, StdBackend};
 use crate::cache::Lru;
 
 /// Number of [`Inner::loading`] stripes.
@@ -39,6 +39,9 @@ pub struct Tuning {
     pub flush_interval: Option<Duration>,
     /// Storage backend for segment files.
     pub backend: Arc<dyn Backend>,
+    /// Faults to inject into redb's writes, syncs and resizes of the metadata database (tests);
+    /// `None` (the default) lets redb use its file as it does on its own.
+    pub meta_faults: Option<FaultBackend>,
     /// Automatic GC runs when garbage exceeds this fraction of all segment bytes...
     pub gc_garbage_ratio: f64,
     /// ...and at least this many bytes.
@@ -56,6 +59,7 @@ impl std::fmt::Debug for Tuning {
             .field("inline_max", &self.inline_max)
             .field("flush_interval", &self.flush_interval)
             .field("gc_garbage_ratio", &self.gc_garbage_ratio)
+            .field("meta_faults", &self.meta_faults.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -67,6 +71,7 @@ impl Default for Tuning {
             inline_max: 2048,
             flush_interval: Some(Duration::from_secs(2)),
             backend: Arc::new(StdBackend),
+            meta_faults: None,
             gc_garbage_ratio: 0.3,
             gc_min_garbage: 64 << 20,
             dirty_limit: 64 << 20,
@@ -101,6 +106,9 @@ pub(crate) struct SegWriter {
     pub pins: HashMap<u64, u32>,
 }
 
+/// A segment with unsynced bytes and the generation of its last append.
+pub(crate) type Unsynced = (Arc<dyn SegFile>, u64);
+
 pub(crate) struct Inner {
     pub dir: PathBuf,
     pub seg_dir: PathBuf,
@@ -112,13 +120,24 @@ pub(crate) struct Inner {
     pub ro: Mutex<Option<String>>,
     pub ro_flag: AtomicBool,
     pub files: Mutex<HashMap<Ino, Arc<Mutex<FileState>>>>,
+    /// Open handles per inode (mirrors `FileState::open`, changed under the file's lock). A
+    /// leaf lock: namespace transactions read it while holding redb's write lock, which a
+    /// flush acquires while holding a file lock, so they must not take file locks.
+    pub opens: Mutex<HashMap<Ino, u32>>,
     pub seg: Mutex<SegWriter>,
     /// Read handles of segment files. Readers hold the read lock from the start of their
     /// metadata snapshot to the end of their segment reads; GC deletes files under the write
     /// lock, so a reader never finds its segment gone.
     pub seg_barrier: RwLock<()>,
     /// Segments with appended bytes not yet `fdatasync`ed.
-    pub unsynced: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
+    /// Segments with appended bytes not yet `fdatasync`ed, each with a generation that every
+    /// append bumps (the segment syncer retires an entry only if no append came after the
+    /// generation it synced).
+    pub unsynced: Mutex<HashMap<u64, Unsynced>>,
+    /// Bytes appended since the segment syncer was last woken.
+    pub unsynced_bytes: AtomicU64,
+    /// Wakes the segment syncer (see `segsync_loop`).
+    pub segsync: Mutex<Option<std::sync::mpsc::SyncSender<()>>>,
     pub seg_handles: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
     pub cache: Mutex<Lru>,
     /// Striped locks held while an extent is loaded into the cache, so that two threads
@@ -148,6 +167,7 @@ pub struct Store {
     pub(crate) inner: Arc<Inner>,
     flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
     writeback: Option<JoinHandle<()>>,
+    segsync: Option<JoinHandle<()>>,
     closed: bool,
 }
 
@@ -228,6 +248,11 @@ pub(crate) fn read_superblock(dir: &Path) -> Result<Superblock> {
 /// Opens the metadata database after checking that it is one (redb may write to a file it
 /// opens, so a foreign file is rejected before redb sees it).
 pub(crate) fn open_db(dir: &Path) -> Result<Database> {
+    open_db_with(dir, None)
+}
+
+/// [`open_db`] with `faults` injected into redb's I/O of the file (see [`meta_db`]).
+pub(crate) fn open_db_with(dir: &Path, faults: Option<&FaultBackend>) -> Result<Database> {
     let p = dir.join(META_FILE);
     let mut head = [0u8; 9];
     {
@@ -249,13 +274,43 @@ pub(crate) fn open_db(dir: &Path) -> Result<Database> {
             });
         }
     }
-    Database::builder().open(&p).map_err(|e| match e {
+    meta_db(&p, false, faults).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => Error::InUse(dir.to_path_buf()),
+        // A failing device (EIO, ENOSPC while redb repairs) does not make the file foreign.
+        redb::DatabaseError::Storage(redb::StorageError::Io(e)) if e.raw_os_error().is_some() => {
+            Error::from_io(e)
+        }
         other => Error::NotAStore {
             path: dir.to_path_buf(),
             reason: format!("{META_FILE} cannot be opened: {other}"),
         },
     })
+}
+
+/// Opens (with `create`: creates) the redb database `p`. Without faults this is redb's own
+/// `Builder::open`/`create`, so the normal I/O path is exactly redb's. With faults the file goes
+/// through [`MetaFile`], which forwards redb's lock calls to redb's `FileBackend`: the lock is
+/// the same either way, so a second open of a store in use still fails with
+/// `DatabaseAlreadyOpen` ([`Error::InUse`]; tested in `tests/meta_faults.rs`).
+fn meta_db(
+    p: &Path,
+    create: bool,
+    faults: Option<&FaultBackend>,
+) -> std::result::Result<Database, redb::DatabaseError> {
+    let Some(faults) = faults else {
+        return if create {
+            Database::builder().create(p)
+        } else {
+            Database::builder().open(p)
+        };
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(p)?;
+    Database::builder().create_with_backend(MetaFile::new(f, faults.clone())?)
 }
 
 /// Checks that the metadata belongs to the superblock's store.
@@ -335,16 +390,17 @@ impl Store {
             created: now.secs,
         };
         {
-            let db = Database::create(dir.join(META_FILE))?;
+            let db = meta_db(&dir.join(META_FILE), true, tuning.meta_faults.as_ref())?;
             let txn = db.begin_write()?;
             {
                 let mut w = W::open(&txn)?;
-                w.meta.insert("uuid", sb.uuid.as_slice())?;
-                w.meta
+                w.create_all()?;
+                w.meta_mut()?.insert("uuid", sb.uuid.as_slice())?;
+                w.meta_mut()?
                     .insert("format", FORMAT_VERSION.to_le_bytes().as_slice())?;
-                w.meta
+                w.meta_mut()?
                     .insert(meta::NEXT_INO, 2u64.to_le_bytes().as_slice())?;
-                w.meta
+                w.meta_mut()?
                     .insert(meta::NEXT_EXTENT, 1u64.to_le_bytes().as_slice())?;
                 let root = InodeRec {
                     kind: FileKind::Dir,
@@ -390,7 +446,7 @@ impl Store {
     /// superblock's values apply).
     pub fn open_tuned(dir: &Path, opts: &OpenOptions, tuning: Tuning) -> Result<Store> {
         let sb = read_superblock(dir)?;
-        let db = open_db(dir)?;
+        let db = open_db_with(dir, tuning.meta_faults.as_ref())?;
         check_identity(dir, &db, &sb)?;
         let seg_dir = dir.join(SEGMENT_DIR);
         // Segment ids continue after every id in the metadata or on disk.
@@ -424,6 +480,7 @@ impl Store {
             ro: Mutex::new(None),
             ro_flag: AtomicBool::new(false),
             files: Mutex::new(HashMap::new()),
+            opens: Mutex::new(HashMap::new()),
             seg: Mutex::new(SegWriter {
                 id: 0,
                 file: None,
@@ -433,6 +490,8 @@ impl Store {
             }),
             seg_barrier: RwLock::new(()),
             unsynced: Mutex::new(HashMap::new()),
+            unsynced_bytes: AtomicU64::new(0),
+            segsync: Mutex::new(None),
             seg_handles: Mutex::new(HashMap::new()),
             cache: Mutex::new(Lru::new(opts.cache_bytes)),
             loading: (0..LOAD_STRIPES).map(|_| Mutex::new(())).collect(),
@@ -472,10 +531,22 @@ impl Store {
             *lock(&inner.writeback) = Some(tx);
             Some(h)
         };
+        let segsync = if opts.read_only {
+            None
+        } else {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+            let weak: Weak<Inner> = Arc::downgrade(&inner);
+            let h = std::thread::Builder::new()
+                .name("compfs-segsync".into())
+                .spawn(move || segsync_loop(weak, rx))?;
+            *lock(&inner.segsync) = Some(tx);
+            Some(h)
+        };
         Ok(Store {
             inner,
             flusher,
             writeback,
+            segsync,
             closed: false,
         })
     }
@@ -536,6 +607,10 @@ impl Store {
         if let Some(h) = self.writeback.take() {
             let _ = h.join();
         }
+        lock(&self.inner.segsync).take();
+        if let Some(h) = self.segsync.take() {
+            let _ = h.join();
+        }
         let r = if self.inner.read_only_open || self.inner.ro_flag.load(Ordering::SeqCst) {
             Ok(())
         } else {
@@ -589,16 +664,32 @@ impl Drop for Store {
     }
 }
 
+/// Appended bytes after which the segment syncer is woken.
+const SEGSYNC_BYTES: u64 = 8 << 20;
+
+/// The segment syncer: `fdatasync`s segments in the background while they are written (see
+/// `Inner::mark_unsynced`).
+fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>) {
+    while rx.recv().is_ok() {
+        let Some(inner) = weak.upgrade() else { return };
+        inner.sync_segments_background();
+    }
+}
+
 /// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
 /// closing thread (a FUSE request) does not compress and commit.
 fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
     while let Ok(first) = rx.recv() {
         let Some(inner) = weak.upgrade() else { return };
-        let mut next = Some(first);
-        while let Some(ino) = next {
-            inner.writeback_one(ino);
-            next = rx.try_recv().ok();
+        // Everything queued so far goes in one batch (one transaction).
+        let mut batch = vec![first];
+        while batch.len() < 256 {
+            match rx.try_recv() {
+                Ok(ino) => batch.push(ino),
+                Err(_) => break,
+            }
         }
+        inner.writeback_batch(&batch);
     }
 }
 
@@ -669,13 +760,47 @@ impl Inner {
     }
 
     /// Notes that segment `id` has appended bytes not yet synced.
-    pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>) {
-        lock(&self.unsynced).entry(id).or_insert(f);
+    pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>, bytes: u64) {
+        {
+            let mut u = lock(&self.unsynced);
+            let e = u.entry(id).or_insert((f, 0));
+            e.1 += 1;
+        }
+        // Every few MiB, have the segment syncer write them out in the background, so that
+        // the next durable commit (fsync, sync, unmount) finds little left to sync.
+        let n = self.unsynced_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if n >= SEGSYNC_BYTES {
+            self.unsynced_bytes.store(0, Ordering::Relaxed);
+            if let Some(tx) = lock(&self.segsync).as_ref() {
+                let _ = tx.try_send(());
+            }
+        }
+    }
+
+    /// One pass of the segment syncer: `fdatasync`s every segment with unsynced bytes without
+    /// holding any lock, then forgets those that took no append meanwhile.
+    fn sync_segments_background(&self) {
+        let files: Vec<(u64, Arc<dyn SegFile>, u64)> = lock(&self.unsynced)
+            .iter()
+            .map(|(&id, (f, g))| (id, f.clone(), *g))
+            .collect();
+        for (id, f, gen) in files {
+            if let Err(e) = f.sync_data() {
+                // Leave it to the next durable commit, which fails and latches read-only.
+                tracing::warn!("compfs background sync of segment {id} failed: {e}");
+                continue;
+            }
+            let mut u = lock(&self.unsynced);
+            if u.get(&id).is_some_and(|(_, g)| *g == gen) {
+                u.remove(&id);
+            }
+        }
     }
 
     /// `fdatasync`s every segment with unsynced appended bytes.
     pub(crate) fn sync_segments(&self) -> Result<()> {
-        let files: Vec<Arc<dyn SegFile>> = lock(&self.unsynced).drain().map(|(_, f)| f).collect();
+        let files: Vec<Arc<dyn SegFile>> =
+            lock(&self.unsynced).drain().map(|(_, (f, _))| f).collect();
         for f in files {
             f.sync_data().map_err(|e| self.fail(Error::from_io(e)))?;
         }
@@ -740,7 +865,7 @@ impl Inner {
                     Ok(()) | Err(Error::NotFound) => {}
                     Err(e) => return Err(e),
                 }
-                w.orphans.remove(ino)?;
+                w.orphans_mut()?.remove(ino)?;
             }
         }
         self.commit(txn, true)
