@@ -582,8 +582,10 @@ impl Filesystem for CompFs {
         reply: ReplyEmpty,
     ) {
         // close() is not a durability point (fsync is); the kernel has already written back
-        // the page cache of this file before sending FLUSH.
-        reply.ok();
+        // the page cache of this file before sending FLUSH, and POSIX locks are the kernel's
+        // (no getlk/setlk here). ENOSYS makes the kernel stop sending FLUSH on every close
+        // (fc->no_flush): one round trip less per file, 8% of an untar's requests.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
