@@ -110,6 +110,18 @@ pub(crate) struct Dirty {
     pub punch: Vec<(u64, u64)>,
 }
 
+impl Dirty {
+    /// Buffered blocks that start inside the file (blocks past the end are dropped, not
+    /// written).
+    fn live_blocks(&self, extent_size: u64) -> Vec<u64> {
+        self.blocks
+            .keys()
+            .copied()
+            .filter(|&b| b * extent_size < self.size)
+            .collect()
+    }
+}
+
 /// In-memory state of an inode that is open or has buffered writes.
 #[derive(Default)]
 pub(crate) struct FileState {
@@ -513,12 +525,7 @@ impl Inner {
         let e = self.sb.extent_size as u64;
         let policy = self.file_policy(ino)?;
         let inline_ok = d.size <= self.sb.inline_max as u64;
-        let ids: Vec<u64> = d
-            .blocks
-            .keys()
-            .copied()
-            .filter(|&b| b * e < d.size)
-            .collect();
+        let ids = d.live_blocks(e);
         let mut jobs: Vec<EncodeJob> = Vec::with_capacity(ids.len());
         let mut mine = Vec::with_capacity(ids.len());
         for b in ids {
@@ -745,12 +752,7 @@ impl Inner {
             };
             let prepared = self.file_policy(ino).map(|policy| {
                 let inline_ok = d.size <= self.sb.inline_max as u64;
-                let live: Vec<u64> = d
-                    .blocks
-                    .keys()
-                    .copied()
-                    .filter(|&b| b * e < d.size)
-                    .collect();
+                let live = d.live_blocks(e);
                 let mut results = Vec::with_capacity(live.len());
                 let mut keep = Vec::with_capacity(live.len());
                 for b in live {
@@ -963,12 +965,7 @@ impl Inner {
                 self.load_block(ino, d, b, false, false)?;
             }
         }
-        let live: Vec<u64> = d
-            .blocks
-            .keys()
-            .copied()
-            .filter(|&b| b * e < d.size)
-            .collect();
+        let live = d.live_blocks(e);
         let mut jobs: Vec<EncodeJob> = Vec::with_capacity(live.len());
         for b in live {
             let Some(src) = d.blocks.remove(&b) else {
