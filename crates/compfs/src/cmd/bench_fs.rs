@@ -608,7 +608,10 @@ impl Ctx {
 /// The run with the median time, noting every run's seconds.
 fn median_run(mut runs: Vec<Row>) -> Result<Row> {
     runs.sort_by(|a, b| a.write_secs.total_cmp(&b.write_secs));
-    let all: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.write_secs)).collect();
+    let all: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{:.2}", r.write_secs))
+        .collect();
     let mid = runs.len() / 2;
     let mut r = runs
         .into_iter()
