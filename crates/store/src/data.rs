@@ -140,17 +140,21 @@ thread_local! {
     /// Reused buffer for an extent's stored bytes as read from its segment; only the first
     /// header + stored length bytes are meaningful, and they are overwritten on every read.
     static RAW_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Reused buffer in which a flush lays out its extents before appending them.
+    static STAGE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 enum Out {
     Hole,
     Inline(Inline),
-    /// `stored: None` = stored raw (the block itself).
+    /// `stored: None` = stored raw (the block itself). `crc`: crc32c of the stored bytes,
+    /// computed by the compression worker.
     Extent {
         codec: u8,
         level: i8,
         stored: Option<Vec<u8>>,
         reason: Option<RawReason>,
+        crc: u32,
     },
 }
 
@@ -1098,8 +1102,10 @@ impl Inner {
             blocks.insert(en.block, a);
             encoded.push(en);
         }
-        // Lay out the extents of this flush back to back in one buffer.
-        let mut buf = Vec::new();
+        // Lay out the extents of this flush back to back in one buffer (this thread's, reused:
+        // a fresh one is mmap'ed and page-faulted in for every batch).
+        let mut buf = STAGE_BUF.with(|c| std::mem::take(&mut *c.borrow_mut()));
+        buf.clear();
         let mut placed = Vec::new(); // (encoded index, extent id, offset in buf, header)
         for (i, en) in encoded.iter().enumerate() {
             let c = &self.counters;
@@ -1113,6 +1119,7 @@ impl Inner {
                     level,
                     stored,
                     reason,
+                    crc,
                 } => {
                     let stored: &[u8] = match stored {
                         Some(v) => v,
@@ -1141,7 +1148,7 @@ impl Inner {
                         id,
                         ino,
                         file_offset: en.block * e + en.off as u64,
-                        crc: crc32c::crc32c(stored),
+                        crc: *crc,
                     };
                     placed.push((i, id, buf.len() as u64, h));
                     buf.extend_from_slice(&h.encode());
@@ -1160,6 +1167,9 @@ impl Inner {
         // Written blocks are not cached (the kernel's page cache holds them on a mount); their
         // buffers are reused for the next writes.
         drop(blocks);
+        if buf.capacity() <= 4 << 20 {
+            STAGE_BUF.with(|c| *c.borrow_mut() = buf);
+        }
         Ok(Staged {
             encoded,
             placed,
@@ -1472,6 +1482,7 @@ fn encode_block(
         ExtentOutcome::Compressed { .. } => Out::Extent {
             codec: policy.spec.algorithm().id(),
             level: policy.spec.level() as i8,
+            crc: crc32c::crc32c(&dst),
             stored: Some(dst),
             reason: None,
         },
@@ -1480,6 +1491,7 @@ fn encode_block(
             level: 0,
             stored: None,
             reason: Some(r),
+            crc: crc32c::crc32c(src),
         },
     };
     Encoded {
