@@ -92,6 +92,8 @@ pub enum FaultOp {
     Create,
     /// Truncating or extending a file (`set_len`).
     SetLen,
+    /// Reading (Torn reads fail with EIO like `Eio`).
+    Read,
 }
 
 /// What happens at the chosen operation.
@@ -118,9 +120,9 @@ pub struct Fault {
 #[derive(Default)]
 struct FaultState {
     fault: Option<Fault>,
-    counts: [u64; 4],
+    counts: [u64; 5],
     /// Operations of each kind since creation (never reset).
-    totals: [u64; 4],
+    totals: [u64; 5],
     fired: u64,
 }
 
@@ -141,7 +143,7 @@ impl FaultBackend {
     pub fn arm(&self, fault: Fault) {
         if let Ok(mut s) = self.state.lock() {
             s.fault = Some(fault);
-            s.counts = [0; 4];
+            s.counts = [0; 5];
         }
     }
 
@@ -228,7 +230,9 @@ struct FaultFile {
 
 impl SegFile for FaultFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_exact_at(buf, offset)
+        faulty(self.backend.check(FaultOp::Read), || {
+            self.inner.read_exact_at(buf, offset)
+        })
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.backend.writes.fetch_add(1, Ordering::Relaxed);
@@ -274,10 +278,10 @@ impl Backend for FaultBackend {
     }
 }
 
-/// redb's file backend for `meta.redb` with the faults of a [`FaultBackend`]: its `write`s,
-/// `sync_data`s and `set_len`s count as [`FaultOp::Write`], [`FaultOp::Sync`] and
-/// [`FaultOp::SetLen`]. Reads and redb's file locks go straight to the file, so a store opened
-/// with faults still refuses a second open of the same store.
+/// redb's file backend for `meta.redb` with the faults of a [`FaultBackend`]: its `read`s,
+/// `write`s, `sync_data`s and `set_len`s count as [`FaultOp::Read`], [`FaultOp::Write`],
+/// [`FaultOp::Sync`] and [`FaultOp::SetLen`]. redb's file locks go straight to the file, so a
+/// store opened with faults still refuses a second open of the same store.
 pub struct MetaFile {
     inner: FileBackend,
     faults: FaultBackend,
@@ -307,7 +311,9 @@ impl StorageBackend for MetaFile {
         self.inner.len()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.inner.read(offset, out)
+        faulty(self.faults.check(FaultOp::Read), || {
+            self.inner.read(offset, out)
+        })
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         faulty(self.faults.check(FaultOp::SetLen), || {

@@ -813,26 +813,19 @@ impl Inner {
         if items.is_empty() {
             return Ok(());
         }
-        let res = (|| {
-            let txn = self.begin(false)?;
-            let freed;
-            {
-                let mut w = W::open(&txn)?;
-                for it in &items {
-                    // A file unlinked meanwhile: its data goes with it.
-                    match w.inode(held[it.at].0) {
-                        Ok(_) => {}
-                        Err(Error::NotFound) => continue,
-                        Err(e) => return Err(e),
-                    }
-                    self.apply_flush(&mut w, held[it.at].0, &it.meta, &it.staged)?;
+        let res = self.write(false, |w| {
+            for it in &items {
+                // A file unlinked meanwhile: its data goes with it.
+                match w.inode(held[it.at].0) {
+                    Ok(_) => {}
+                    Err(Error::NotFound) => continue,
+                    Err(e) => return Err(e),
                 }
-                self.put_next_extent(&mut w)?;
-                freed = std::mem::take(&mut w.freed);
+                self.apply_flush(w, held[it.at].0, &it.meta, &it.staged)?;
             }
-            self.commit(txn, false)?;
-            Ok(freed)
-        })();
+            self.put_next_extent(w)?;
+            Ok(std::mem::take(&mut w.freed))
+        });
         match res {
             Ok(freed) => {
                 for it in items {
@@ -1056,18 +1049,11 @@ impl Inner {
         results: Vec<EncodedBlock>,
     ) -> Result<()> {
         let staged = self.stage_encoded(ino, results)?;
-        let res = (|| {
-            let txn = self.begin(durable)?;
-            let freed;
-            {
-                let mut w = W::open(&txn)?;
-                self.apply_flush(&mut w, ino, meta, &staged)?;
-                self.put_next_extent(&mut w)?;
-                freed = std::mem::take(&mut w.freed);
-            }
-            self.commit(txn, durable)?;
-            Ok(freed)
-        })();
+        let res = self.write(durable, |w| {
+            self.apply_flush(w, ino, meta, &staged)?;
+            self.put_next_extent(w)?;
+            Ok(std::mem::take(&mut w.freed))
+        });
         self.finish_staged(&staged, res)
     }
 

@@ -94,6 +94,16 @@ impl Error {
         }
     }
 
+    /// Whether this error comes from the storage under the store (an I/O error, a full disk,
+    /// metadata redb could not read or write) rather than from the operation's arguments. A
+    /// storage error during a write latches the store read-only.
+    pub fn is_storage(&self) -> bool {
+        matches!(
+            self,
+            Error::Io(_) | Error::NoSpace | Error::CorruptMetadata(_)
+        )
+    }
+
     /// Turns an I/O error into [`Error::NoSpace`] when it is ENOSPC.
     pub(crate) fn from_io(e: std::io::Error) -> Error {
         if e.raw_os_error() == Some(libc::ENOSPC) {
@@ -126,6 +136,10 @@ impl From<redb::Error> for Error {
     fn from(e: redb::Error) -> Error {
         match e {
             redb::Error::Io(io) => Error::from_io(io),
+            // redb refuses every call after an I/O error on its file until it is reopened.
+            redb::Error::PreviousIo => Error::Io(std::io::Error::other(
+                "an earlier I/O error on the metadata database (meta.redb); reopen the store",
+            )),
             other => Error::CorruptMetadata(other.to_string()),
         }
     }

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::format::{
     parse_segment_file_name, segment_file_name, ExtentRec, SegmentRec, EXT_HEADER_LEN,
 };
-use crate::meta::{self, dec, W};
+use crate::meta::{self, dec};
 use crate::store::{lock, Inner, Store};
 use crate::types::GcReport;
 
@@ -175,9 +175,7 @@ impl Inner {
             let (new_seg, f, base) = self.append(&buf).map_err(|e| self.fail(e))?;
             let r = f.sync_data().map_err(|e| self.fail(e.into()));
             let r = r.and_then(|_| {
-                let txn = self.begin(true)?;
-                {
-                    let mut w = W::open(&txn)?;
+                self.write(true, |w| {
                     for (id, old, rel) in &batch {
                         let Some(v) = w.extents()?.get(*id)? else {
                             continue;
@@ -206,8 +204,8 @@ impl Inner {
                     let mut ns = w.segment(new_seg)?;
                     ns.len = ns.len.max(base + buf.len() as u64);
                     w.put_segment(new_seg, &ns)?;
-                }
-                self.commit(txn, true)
+                    Ok(())
+                })
             });
             self.unpin(new_seg);
             r?;
@@ -222,21 +220,21 @@ impl Inner {
         if !empty {
             return Ok((moved, bytes, false));
         }
-        let txn = self.begin(true)?;
-        {
-            let mut w = W::open(&txn)?;
+        let dropped = self.write(true, |w| {
             if w.seg_extents()?
                 .range((victim, 0)..=(victim, u64::MAX))?
                 .next()
                 .is_some()
             {
-                return Ok((moved, bytes, false));
+                return Ok(false);
             }
             w.segments_mut()?.remove(victim)?;
+            Ok(true)
+        })?;
+        if dropped {
+            self.delete_segment(victim)?;
         }
-        self.commit(txn, true)?;
-        self.delete_segment(victim)?;
-        Ok((moved, bytes, true))
+        Ok((moved, bytes, dropped))
     }
 }
 

@@ -135,10 +135,7 @@ impl Inner {
         if is_dot(name) {
             return Err(Error::Exists);
         }
-        let txn = self.begin(false)?;
-        let attr;
-        {
-            let mut w = W::open(&txn)?;
+        self.write(false, |w| {
             let mut p = w.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(Error::NotDir);
@@ -189,10 +186,8 @@ impl Inner {
             lock(&self.patches).clear_mtime(parent);
             p.ctime = now;
             w.put_inode(parent, &p)?;
-            attr = attr_of(ino, &rec);
-        }
-        self.commit(txn, false)?;
-        Ok(attr)
+            Ok(attr_of(ino, &rec))
+        })
     }
 }
 
@@ -341,9 +336,7 @@ impl Store {
         if is_dot(new_name) {
             return Err(Error::Exists);
         }
-        let txn = inner.begin(false)?;
-        {
-            let mut w = W::open(&txn)?;
+        inner.write(false, |w| {
             let mut r = w.inode(ino)?;
             if r.kind == FileKind::Dir {
                 return Err(Error::NotPermitted("hard links to directories".into()));
@@ -367,8 +360,8 @@ impl Store {
             r.nlink += 1;
             r.ctime = now;
             w.put_inode(ino, &r)?;
-        }
-        inner.commit(txn, false)?;
+            Ok(())
+        })?;
         inner.attr(ino)
     }
 
@@ -394,9 +387,7 @@ impl Store {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        let txn = inner.begin(false)?;
-        {
-            let mut w = W::open(&txn)?;
+        inner.write(false, |w| {
             let mut p = w.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(Error::NotDir);
@@ -422,9 +413,9 @@ impl Store {
             lock(&inner.patches).clear_mtime(parent);
             p.ctime = now;
             w.put_inode(parent, &p)?;
-            inner.drop_link(&mut w, de.ino, &mut r, now)?;
-        }
-        inner.commit(txn, false)
+            inner.drop_link(w, de.ino, &mut r, now)?;
+            Ok(())
+        })
     }
 
     /// Renames (with `RENAME_NOREPLACE` / `RENAME_EXCHANGE` semantics when flagged).
@@ -448,9 +439,7 @@ impl Store {
                 "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
             ));
         }
-        let txn = inner.begin(false)?;
-        {
-            let mut w = W::open(&txn)?;
+        inner.write(false, |w| {
             let now = Timestamp::now();
             for d in [parent, new_parent] {
                 if w.inode(d)?.kind != FileKind::Dir {
@@ -476,8 +465,8 @@ impl Store {
                 if src.ino == dst.ino {
                     return Ok(());
                 }
-                if (src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)?)
-                    || (dst.kind == FileKind::Dir && ancestor_of(&w, dst.ino, parent)?)
+                if (src.kind == FileKind::Dir && ancestor_of(w, src.ino, new_parent)?)
+                    || (dst.kind == FileKind::Dir && ancestor_of(w, dst.ino, parent)?)
                 {
                     return Err(Error::InvalidArgument(
                         "cannot move a directory below itself".into(),
@@ -529,7 +518,7 @@ impl Store {
                     } else if dr.kind == FileKind::Dir {
                         return Err(Error::IsDir);
                     }
-                    if src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)? {
+                    if src.kind == FileKind::Dir && ancestor_of(w, src.ino, new_parent)? {
                         return Err(Error::InvalidArgument(
                             "cannot move a directory below itself".into(),
                         ));
@@ -540,8 +529,8 @@ impl Store {
                         np.nlink = np.nlink.saturating_sub(1);
                         w.put_inode(new_parent, &np)?;
                     }
-                    inner.drop_link(&mut w, dst.ino, &mut dr, now)?;
-                } else if src.kind == FileKind::Dir && ancestor_of(&w, src.ino, new_parent)? {
+                    inner.drop_link(w, dst.ino, &mut dr, now)?;
+                } else if src.kind == FileKind::Dir && ancestor_of(w, src.ino, new_parent)? {
                     return Err(Error::InvalidArgument(
                         "cannot move a directory below itself".into(),
                     ));
@@ -571,8 +560,8 @@ impl Store {
             lock(&inner.patches).clear_mtime(parent);
             p.ctime = now;
             w.put_inode(parent, &p)?;
-        }
-        inner.commit(txn, false)
+            Ok(())
+        })
     }
 
     /// Lists a directory from cookie `offset` (0 = start), at most `max` entries, "." and ".."
@@ -668,15 +657,13 @@ impl Store {
                     );
                 }
                 if inner.check_writable().is_ok() {
-                    let txn = inner.begin(false)?;
-                    {
-                        let mut w = W::open(&txn)?;
+                    inner.write(false, |w| {
                         match w.free_inode(ino) {
                             Ok(()) | Err(Error::NotFound) => {}
                             Err(e) => return Err(e),
                         }
-                    }
-                    inner.commit(txn, false)?;
+                        Ok(())
+                    })?;
                 }
             } else if st.dirty.is_some()
                 && inner.check_writable().is_ok()
@@ -731,9 +718,7 @@ impl Store {
                 value = p.spec.to_string().into_bytes();
             }
         }
-        let txn = inner.begin(false)?;
-        {
-            let mut w = W::open(&txn)?;
+        inner.write(false, |w| {
             let mut r = w.inode(ino)?;
             let exists = w.xattrs()?.get((ino, name))?.is_some();
             match how {
@@ -748,8 +733,8 @@ impl Store {
             }
             r.ctime = Timestamp::now();
             w.put_inode(ino, &r)?;
-        }
-        inner.commit(txn, false)
+            Ok(())
+        })
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
@@ -766,17 +751,15 @@ impl Store {
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
-        let txn = inner.begin(false)?;
-        {
-            let mut w = W::open(&txn)?;
+        inner.write(false, |w| {
             let mut r = w.inode(ino)?;
             if w.xattrs_mut()?.remove((ino, name))?.is_none() {
                 return Err(Error::NoXattr);
             }
             r.ctime = Timestamp::now();
             w.put_inode(ino, &r)?;
-        }
-        inner.commit(txn, false)
+            Ok(())
+        })
     }
 
     /// The `compfs.compression` property of `ino`.

@@ -42,6 +42,10 @@ pub struct Tuning {
     /// Faults to inject into redb's writes, syncs and resizes of the metadata database (tests);
     /// `None` (the default) lets redb use its file as it does on its own.
     pub meta_faults: Option<FaultBackend>,
+    /// Size of redb's page cache for the metadata database; `None` (the default) keeps redb's
+    /// own (up to 1 GiB, filled on demand). Tests set it small so that transactions read pages
+    /// from the file.
+    pub meta_cache: Option<usize>,
     /// Automatic GC runs when garbage exceeds this fraction of all segment bytes...
     pub gc_garbage_ratio: f64,
     /// ...and at least this many bytes.
@@ -60,6 +64,7 @@ impl std::fmt::Debug for Tuning {
             .field("flush_interval", &self.flush_interval)
             .field("gc_garbage_ratio", &self.gc_garbage_ratio)
             .field("meta_faults", &self.meta_faults.is_some())
+            .field("meta_cache", &self.meta_cache)
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +77,7 @@ impl Default for Tuning {
             flush_interval: Some(Duration::from_secs(2)),
             backend: Arc::new(StdBackend),
             meta_faults: None,
+            meta_cache: None,
             gc_garbage_ratio: 0.3,
             gc_min_garbage: 64 << 20,
             dirty_limit: 64 << 20,
@@ -248,11 +254,15 @@ pub(crate) fn read_superblock(dir: &Path) -> Result<Superblock> {
 /// Opens the metadata database after checking that it is one (redb may write to a file it
 /// opens, so a foreign file is rejected before redb sees it).
 pub(crate) fn open_db(dir: &Path) -> Result<Database> {
-    open_db_with(dir, None)
+    open_db_with(dir, None, None)
 }
 
 /// [`open_db`] with `faults` injected into redb's I/O of the file (see [`meta_db`]).
-pub(crate) fn open_db_with(dir: &Path, faults: Option<&FaultBackend>) -> Result<Database> {
+pub(crate) fn open_db_with(
+    dir: &Path,
+    faults: Option<&FaultBackend>,
+    cache: Option<usize>,
+) -> Result<Database> {
     let p = dir.join(META_FILE);
     let mut head = [0u8; 9];
     {
@@ -274,7 +284,7 @@ pub(crate) fn open_db_with(dir: &Path, faults: Option<&FaultBackend>) -> Result<
             });
         }
     }
-    meta_db(&p, false, faults).map_err(|e| match e {
+    meta_db(&p, false, faults, cache).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => Error::InUse(dir.to_path_buf()),
         // A failing device (EIO, ENOSPC while redb repairs) does not make the file foreign.
         redb::DatabaseError::Storage(redb::StorageError::Io(e)) if e.raw_os_error().is_some() => {
@@ -296,13 +306,14 @@ fn meta_db(
     p: &Path,
     create: bool,
     faults: Option<&FaultBackend>,
+    cache: Option<usize>,
 ) -> std::result::Result<Database, redb::DatabaseError> {
+    let mut b = Database::builder();
+    if let Some(c) = cache {
+        b.set_cache_size(c);
+    }
     let Some(faults) = faults else {
-        return if create {
-            Database::builder().create(p)
-        } else {
-            Database::builder().open(p)
-        };
+        return if create { b.create(p) } else { b.open(p) };
     };
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -310,7 +321,7 @@ fn meta_db(
         .create(create)
         .truncate(false)
         .open(p)?;
-    Database::builder().create_with_backend(MetaFile::new(f, faults.clone())?)
+    b.create_with_backend(MetaFile::new(f, faults.clone())?)
 }
 
 /// Checks that the metadata belongs to the superblock's store.
@@ -390,7 +401,12 @@ impl Store {
             created: now.secs,
         };
         {
-            let db = meta_db(&dir.join(META_FILE), true, tuning.meta_faults.as_ref())?;
+            let db = meta_db(
+                &dir.join(META_FILE),
+                true,
+                tuning.meta_faults.as_ref(),
+                tuning.meta_cache,
+            )?;
             let txn = db.begin_write()?;
             {
                 let mut w = W::open(&txn)?;
@@ -446,7 +462,7 @@ impl Store {
     /// superblock's values apply).
     pub fn open_tuned(dir: &Path, opts: &OpenOptions, tuning: Tuning) -> Result<Store> {
         let sb = read_superblock(dir)?;
-        let db = open_db_with(dir, tuning.meta_faults.as_ref())?;
+        let db = open_db_with(dir, tuning.meta_faults.as_ref(), tuning.meta_cache)?;
         check_identity(dir, &db, &sb)?;
         let seg_dir = dir.join(SEGMENT_DIR);
         // Segment ids continue after every id in the metadata or on disk.
@@ -759,6 +775,35 @@ impl Inner {
         Ok(txn)
     }
 
+    /// Runs `body` in a write transaction and commits it (durably when `durable`).
+    ///
+    /// A storage error inside the body (redb I/O, a full disk, damaged metadata) latches the
+    /// store read-only exactly like a failed begin or commit, as btrfs aborts a transaction:
+    /// redb may already have written some of the transaction's pages, and the device is failing.
+    /// Errors that only refuse the operation (`NotFound`, `Exists`, ...) leave it writable.
+    pub(crate) fn write<T>(
+        &self,
+        durable: bool,
+        body: impl FnOnce(&mut W<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let txn = self.begin(durable)?;
+        let out = {
+            let mut w = W::open(&txn).map_err(|e| self.fail_storage(e))?;
+            body(&mut w).map_err(|e| self.fail_storage(e))?
+        };
+        self.commit(txn, durable)?;
+        Ok(out)
+    }
+
+    /// Latches read-only when `e` is a storage error (see [`Error::is_storage`]).
+    pub(crate) fn fail_storage(&self, e: Error) -> Error {
+        if e.is_storage() {
+            self.fail(e)
+        } else {
+            e
+        }
+    }
+
     /// Notes that segment `id` has appended bytes not yet synced.
     pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>, bytes: u64) {
         {
@@ -842,8 +887,7 @@ impl Inner {
     /// A durable (fsync'ing) commit: makes every earlier non-durable commit durable. Every
     /// segment byte those commits reference was synced before they committed.
     pub(crate) fn commit_durable(&self) -> Result<()> {
-        let txn = self.begin(true)?;
-        self.commit(txn, true)
+        self.write(true, |_| Ok(()))
     }
 
     fn free_orphans(&self) -> Result<()> {
@@ -857,9 +901,7 @@ impl Inner {
         if orphans.is_empty() {
             return Ok(());
         }
-        let txn = self.begin(true)?;
-        {
-            let mut w = W::open(&txn)?;
+        self.write(true, |w| {
             for ino in orphans {
                 match w.free_inode(ino) {
                     Ok(()) | Err(Error::NotFound) => {}
@@ -867,8 +909,8 @@ impl Inner {
                 }
                 w.orphans_mut()?.remove(ino)?;
             }
-        }
-        self.commit(txn, true)
+            Ok(())
+        })
     }
 
     /// A read handle of segment `id`. Call with `seg_barrier` read-locked.

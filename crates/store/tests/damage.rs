@@ -372,3 +372,40 @@ fn fsck_finds_and_repairs_wrong_counts_and_dangling_entries() {
         assert_eq!(&read_all(&s, *ino).unwrap(), want);
     }
 }
+
+/// A segment read that fails (a bad sector under an extent) fails that read with EIO, never
+/// returns other bytes, and changes nothing: the store stays writable and the same read
+/// succeeds once the device answers again.
+#[test]
+fn a_failed_segment_read_is_eio_and_leaves_the_store_writable() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let files = populated(&dir);
+    let fb = FaultBackend::new();
+    let s = open(
+        &dir,
+        Tuning {
+            backend: Arc::new(fb.clone()),
+            ..tuning()
+        },
+    );
+    let (ino, data) = &files[2];
+    fb.arm(Fault {
+        op: FaultOp::Read,
+        nth: 0,
+        kind: FaultKind::Eio,
+        sticky: true,
+    });
+    let mut buf = vec![0u8; data.len()];
+    let e = s.read(*ino, 0, &mut buf).unwrap_err();
+    assert!(fb.fired() > 0, "failed without the fault: {e}");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    fb.disarm();
+    assert!(!s.stats().read_only);
+    assert_eq!(&read_all(&s, *ino).unwrap(), data);
+    let n = mkfile(&s, ROOT_INO, "after");
+    s.write(n, 0, b"still writable").unwrap();
+    s.fsync(n, false).unwrap();
+    s.close().unwrap();
+    assert_clean(&dir);
+}

@@ -551,7 +551,6 @@ fn meta_faults_while_closing_fail_the_close_and_lose_nothing_acknowledged() {
 /// `Inner::fail`. Ignored until transaction bodies latch too: it fails in some runs, not all,
 /// since the background threads change which transaction meets the failing growth.
 #[test]
-#[ignore = "known bug: redb errors inside a write transaction do not latch the store read-only"]
 fn failed_late_meta_file_growth_latches_read_only() {
     let grows = workload_calls(&growing(), FaultOp::SetLen);
     for kind in [FaultKind::Eio, FaultKind::NoSpace] {
@@ -565,4 +564,110 @@ fn failed_late_meta_file_growth_latches_read_only() {
             &growing(),
         );
     }
+}
+
+/// A store with a few files, closed, then reopened with `fb` as its metadata fault backend: the
+/// redb page cache is cold, so the next transactions read their pages from the file.
+fn reopened_cold(dir: &std::path::Path, fb: &FaultBackend) -> Store {
+    let s = create(dir, EXTENT, tuning());
+    for i in 0..500u64 {
+        let name = format!("f{i}");
+        let a = s
+            .mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+            .unwrap();
+        s.write(a.ino, 0, &content(i, 3000 + i as usize)).unwrap();
+    }
+    s.close().unwrap();
+    // A small page cache: a debug build's redb walks the whole file at open, which would
+    // otherwise leave every page cached.
+    open(
+        dir,
+        Tuning {
+            meta_cache: Some(64 << 10),
+            ..meta_tuning(fb)
+        },
+    )
+}
+
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (seed as usize * 31 + j * 7 % 251) as u8)
+        .collect()
+}
+
+/// A read of `meta.redb` failing inside a write transaction's body (not at begin or commit)
+/// fails that operation and latches the store read-only at once, like btrfs aborting a
+/// transaction; after a reopen everything is there.
+#[test]
+fn meta_read_error_inside_a_write_transaction_latches_read_only() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let fb = FaultBackend::new();
+    let s = reopened_cold(&dir, &fb);
+    fb.arm(Fault {
+        op: FaultOp::Read,
+        nth: 0,
+        kind: FaultKind::Eio,
+        sticky: true,
+    });
+    let e = s
+        .mknod(ROOT_INO, b"new", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap_err();
+    assert!(fb.fired() > 0, "failed without the fault: {e}");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    fb.disarm();
+    assert!(s.stats().read_only, "not read-only after {e}");
+    assert!(matches!(
+        s.mkdir(ROOT_INO, b"d", 0o755, 0, 0),
+        Err(Error::ReadOnly(_))
+    ));
+    assert!(matches!(s.sync(), Err(Error::ReadOnly(_))));
+    drop(s);
+    let s = open(&dir, tuning());
+    for i in 0..500u64 {
+        let a = s.lookup(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+        let got = read_all(&s, a.ino).unwrap();
+        assert_eq!(got, content(i, 3000 + i as usize), "f{i}");
+    }
+    assert!(matches!(s.lookup(ROOT_INO, b"new"), Err(Error::NotFound)));
+    s.close().unwrap();
+    assert_clean(&dir);
+}
+
+/// A read of `meta.redb` failing in an operation that changes nothing (a lookup) fails it with
+/// EIO. redb refuses its file after any I/O error until it is reopened, so the next change fails
+/// with EIO too and latches the store read-only; nothing panics, and after a reopen everything
+/// is there and the store takes writes.
+#[test]
+fn meta_read_error_in_a_lookup_fails_with_eio_and_a_reopen_recovers() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let fb = FaultBackend::new();
+    let s = reopened_cold(&dir, &fb);
+    fb.arm(Fault {
+        op: FaultOp::Read,
+        nth: 0,
+        kind: FaultKind::Eio,
+        sticky: false,
+    });
+    let e = s.lookup(ROOT_INO, b"f7").unwrap_err();
+    assert!(fb.fired() > 0, "failed without the fault: {e}");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    let e = s
+        .mknod(ROOT_INO, b"new", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(s.stats().read_only, "not read-only after {e}");
+    assert!(matches!(s.sync(), Err(Error::ReadOnly(_))));
+    drop(s);
+    let s = open(&dir, tuning());
+    let a = s.lookup(ROOT_INO, b"f7").unwrap();
+    assert_eq!(read_all(&s, a.ino).unwrap(), content(7, 3007));
+    let n = s
+        .mknod(ROOT_INO, b"new", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(n.ino, 0, b"writable again").unwrap();
+    s.fsync(n.ino, false).unwrap();
+    s.close().unwrap();
+    assert_clean(&dir);
 }
