@@ -81,7 +81,7 @@ impl Default for Tuning {
             gc_garbage_ratio: 0.3,
             gc_min_garbage: 64 << 20,
             dirty_limit: 64 << 20,
-            flush_blocks: 16,
+            flush_blocks: 24,
         }
     }
 }
@@ -723,6 +723,7 @@ fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Durati
             tracing::error!("compfs background flush failed: {e}");
             continue;
         }
+        inner.trim_bufs();
         let due = lock(&inner.last_durable).elapsed() >= Duration::from_secs(5);
         if due {
             if let Err(e) = inner.commit_durable() {
@@ -942,10 +943,16 @@ impl Inner {
     /// the active segment, starting a new one when it is full. Returns the segment, its file and
     /// the offset of `buf`; the segment stays pinned (GC leaves it alone) until `unpin`.
     pub(crate) fn append(&self, buf: &[u8]) -> Result<(u64, Arc<dyn SegFile>, u64)> {
+        self.append_parts(&[buf])
+    }
+
+    /// [`Inner::append`] of the concatenation of `parts`, written with one vectored write.
+    pub(crate) fn append_parts(&self, parts: &[&[u8]]) -> Result<(u64, Arc<dyn SegFile>, u64)> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut w = lock(&self.seg);
         let need_new = match &w.file {
             None => true,
-            Some(_) => w.end > SEG_HEADER_LEN && w.end + buf.len() as u64 > self.sb.segment_size,
+            Some(_) => w.end > SEG_HEADER_LEN && w.end + len > self.sb.segment_size,
         };
         if need_new {
             let id = w.next_id;
@@ -973,16 +980,17 @@ impl Inner {
         };
         *w.pins.entry(id).or_insert(0) += 1;
         // Reserve the range before writing so concurrent appenders never overlap.
-        w.end += buf.len() as u64;
+        w.end += len;
         drop(w);
-        let res = f.write_all_at(buf, off);
+        let res = match parts {
+            [one] => f.write_all_at(one, off),
+            _ => f.write_parts_at(parts, off),
+        };
         if let Err(e) = res {
             self.unpin(id);
             return Err(Error::from_io(e));
         }
-        self.counters
-            .seg_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters.seg_written.fetch_add(len, Ordering::Relaxed);
         Ok((id, f, off))
     }
 
