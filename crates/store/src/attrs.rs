@@ -20,7 +20,7 @@ use redb::ReadableTable;
 use crate::error::Result;
 use crate::format::InodeRec;
 use crate::meta::{dec, INODES};
-use crate::types::{Attr, Ino, Timestamp};
+use crate::types::{Ino, Timestamp};
 
 /// Pending attribute values of one inode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,6 +34,7 @@ pub(crate) struct AttrPatch {
 }
 
 impl AttrPatch {
+    /// Lays the patch over an inode record (what a commit writes, and what readers see).
     pub(crate) fn apply(&self, r: &mut InodeRec) {
         if let Some(p) = self.perm {
             r.perm = p;
@@ -52,27 +53,6 @@ impl AttrPatch {
         }
         if let Some(t) = self.ctime {
             r.ctime = r.ctime.max(t);
-        }
-    }
-
-    pub(crate) fn apply_attr(&self, a: &mut Attr) {
-        if let Some(p) = self.perm {
-            a.perm = p & 0o7777;
-        }
-        if let Some(u) = self.uid {
-            a.uid = u;
-        }
-        if let Some(g) = self.gid {
-            a.gid = g;
-        }
-        if let Some(t) = self.atime {
-            a.atime = t;
-        }
-        if let Some(t) = self.mtime {
-            a.mtime = t;
-        }
-        if let Some(t) = self.ctime {
-            a.ctime = a.ctime.max(t);
         }
     }
 

@@ -772,32 +772,13 @@ impl Inner {
             let Some(mut d) = held[at].1.dirty.take() else {
                 continue;
             };
-            let prepared = self.file_policy(ino).map(|policy| {
-                let inline_ok = d.size <= self.sb.inline_max as u64;
-                let live = d.live_blocks(e);
-                let mut results = Vec::with_capacity(live.len());
-                let mut keep = Vec::with_capacity(live.len());
-                for b in live {
-                    let Some(src) = d.blocks.remove(&b) else {
-                        continue;
-                    };
-                    let src = Arc::new(src);
-                    let len = (d.size - b * e).min(e) as usize;
-                    let en = ENCODER.with(|enc| {
-                        encode_block(
-                            &mut enc.borrow_mut(),
-                            &policy,
-                            b,
-                            &src[..len],
-                            inline_ok && b == 0,
-                        )
-                    });
-                    keep.push((b, src.clone()));
-                    results.push((en, src));
-                }
-                let staged = self.stage_encoded(ino, results);
-                (staged, keep)
-            });
+            let prepared = self
+                .file_policy(ino)
+                .and_then(|policy| self.encode_dirty(ino, &mut d, policy))
+                .map(|results| {
+                    let keep = whole_blocks(&results);
+                    (self.stage_encoded(ino, results), keep)
+                });
             let meta = FlushMeta {
                 size: d.size,
                 mtime: d.mtime,
@@ -954,11 +935,47 @@ impl Inner {
         durable: bool,
         policy_override: Option<ExtentPolicy>,
     ) -> Result<()> {
-        let e = self.sb.extent_size as u64;
         let policy = match policy_override {
             Some(p) => p,
             None => self.file_policy(ino)?,
         };
+        let results = self.encode_dirty(ino, d, policy)?;
+        let meta = FlushMeta {
+            size: d.size,
+            mtime: d.mtime,
+            ctime: d.ctime,
+            punch: std::mem::take(&mut d.punch),
+        };
+        let keep = whole_blocks(&results);
+        let res = self.commit_encoded(ino, &meta, durable, results);
+        if res.is_err() {
+            // The buffer keeps every block until a commit succeeded.
+            d.punch = meta.punch;
+            for (b, a) in keep {
+                d.blocks
+                    .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+            }
+        } else {
+            d.partial.clear();
+            for (_, a) in keep {
+                if let Ok(v) = Arc::try_unwrap(a) {
+                    self.give_buf(v);
+                }
+            }
+        }
+        res
+    }
+
+    /// Compresses the buffered blocks and written ranges of partial blocks of `d` under
+    /// `policy`, taking the blocks out of the buffer (callers put them back from the results
+    /// if the commit fails): one job on this thread, more on the worker pool.
+    fn encode_dirty(
+        &self,
+        ino: Ino,
+        d: &mut Dirty,
+        policy: ExtentPolicy,
+    ) -> Result<Vec<EncodedBlock>> {
+        let e = self.sb.extent_size as u64;
         let inline_ok = d.size <= self.sb.inline_max as u64;
         // Partial blocks whose map is already fragmented, or that hold inline data, are
         // rewritten whole; this bounds the extents one block can pin.
@@ -1027,34 +1044,7 @@ impl Inner {
             }
             v
         };
-        let meta = FlushMeta {
-            size: d.size,
-            mtime: d.mtime,
-            ctime: d.ctime,
-            punch: std::mem::take(&mut d.punch),
-        };
-        let keep: Vec<(u64, Arc<Vec<u8>>)> = results
-            .iter()
-            .filter(|(en, _)| en.full)
-            .map(|(en, a)| (en.block, a.clone()))
-            .collect();
-        let res = self.commit_encoded(ino, &meta, durable, results);
-        if res.is_err() {
-            // The buffer keeps every block until a commit succeeded.
-            d.punch = meta.punch;
-            for (b, a) in keep {
-                d.blocks
-                    .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
-            }
-        } else {
-            d.partial.clear();
-            for (_, a) in keep {
-                if let Ok(v) = Arc::try_unwrap(a) {
-                    self.give_buf(v);
-                }
-            }
-        }
-        res
+        Ok(results)
     }
 
     /// Appends encoded blocks to a segment and commits them (see the commit protocol in
@@ -1463,6 +1453,15 @@ fn give_out_buf(mut v: Vec<u8>) {
 /// Frees pooled output buffers beyond `keep` (the background flusher calls it when idle).
 pub(crate) fn trim_out_bufs(keep: usize) {
     lock(&OUT_BUFS).truncate(keep);
+}
+
+/// The whole blocks among `results`, kept until their commit succeeded.
+fn whole_blocks(results: &[EncodedBlock]) -> Vec<(u64, Arc<Vec<u8>>)> {
+    results
+        .iter()
+        .filter(|(en, _)| en.full)
+        .map(|(en, a)| (en.block, a.clone()))
+        .collect()
 }
 
 fn encode_block(

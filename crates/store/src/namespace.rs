@@ -65,11 +65,11 @@ impl Inner {
         let f = self.existing_file(ino);
         let g = f.as_ref().map(|f| lock(f));
         let patch = lock(&self.patches).get(ino);
-        let rec = self.inode(ino)?;
-        let mut a = attr_of(ino, &rec);
+        let mut rec = self.inode(ino)?;
         if let Some(p) = patch {
-            p.apply_attr(&mut a);
+            p.apply(&mut rec);
         }
+        let mut a = attr_of(ino, &rec);
         if let Some(d) = g.as_ref().and_then(|g| g.dirty.as_ref()) {
             a.size = d.size;
             a.mtime = d.mtime;
