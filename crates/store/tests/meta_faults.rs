@@ -595,11 +595,11 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A read of `meta.redb` failing inside a write transaction's body (not at begin or commit)
-/// fails that operation and latches the store read-only at once, like btrfs aborting a
-/// transaction; after a reopen everything is there.
-#[test]
-fn meta_read_error_inside_a_write_transaction_latches_read_only() {
+/// A store from [`reopened_cold`] with every read of `meta.redb` failing from now on
+/// (`sticky`) or only the next one.
+fn cold_with_read_fault(
+    sticky: bool,
+) -> (tempfile::TempDir, std::path::PathBuf, FaultBackend, Store) {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("s");
     let fb = FaultBackend::new();
@@ -608,8 +608,28 @@ fn meta_read_error_inside_a_write_transaction_latches_read_only() {
         op: FaultOp::Read,
         nth: 0,
         kind: FaultKind::Eio,
-        sticky: true,
+        sticky,
     });
+    (t, dir, fb, s)
+}
+
+/// Reopens without faults: every file of [`reopened_cold`] reads back, fsck is clean after.
+fn reopen_and_check(dir: &std::path::Path) -> Store {
+    let s = open(dir, tuning());
+    for i in 0..500u64 {
+        let a = s.lookup(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+        let got = read_all(&s, a.ino).unwrap();
+        assert_eq!(got, content(i, 3000 + i as usize), "f{i}");
+    }
+    s
+}
+
+/// A read of `meta.redb` failing inside a write transaction's body (not at begin or commit)
+/// fails that operation and latches the store read-only at once, like btrfs aborting a
+/// transaction; after a reopen everything is there.
+#[test]
+fn meta_read_error_inside_a_write_transaction_latches_read_only() {
+    let (_t, dir, fb, s) = cold_with_read_fault(true);
     let e = s
         .mknod(ROOT_INO, b"new", FileKind::File, 0o644, 0, 0, 0)
         .unwrap_err();
@@ -623,12 +643,7 @@ fn meta_read_error_inside_a_write_transaction_latches_read_only() {
     ));
     assert!(matches!(s.sync(), Err(Error::ReadOnly(_))));
     drop(s);
-    let s = open(&dir, tuning());
-    for i in 0..500u64 {
-        let a = s.lookup(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
-        let got = read_all(&s, a.ino).unwrap();
-        assert_eq!(got, content(i, 3000 + i as usize), "f{i}");
-    }
+    let s = reopen_and_check(&dir);
     assert!(matches!(s.lookup(ROOT_INO, b"new"), Err(Error::NotFound)));
     s.close().unwrap();
     assert_clean(&dir);
@@ -640,16 +655,7 @@ fn meta_read_error_inside_a_write_transaction_latches_read_only() {
 /// is there and the store takes writes.
 #[test]
 fn meta_read_error_in_a_lookup_fails_with_eio_and_a_reopen_recovers() {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("s");
-    let fb = FaultBackend::new();
-    let s = reopened_cold(&dir, &fb);
-    fb.arm(Fault {
-        op: FaultOp::Read,
-        nth: 0,
-        kind: FaultKind::Eio,
-        sticky: false,
-    });
+    let (_t, dir, fb, s) = cold_with_read_fault(false);
     let e = s.lookup(ROOT_INO, b"f7").unwrap_err();
     assert!(fb.fired() > 0, "failed without the fault: {e}");
     assert_eq!(e.errno(), libc::EIO, "{e}");
@@ -660,9 +666,7 @@ fn meta_read_error_in_a_lookup_fails_with_eio_and_a_reopen_recovers() {
     assert!(s.stats().read_only, "not read-only after {e}");
     assert!(matches!(s.sync(), Err(Error::ReadOnly(_))));
     drop(s);
-    let s = open(&dir, tuning());
-    let a = s.lookup(ROOT_INO, b"f7").unwrap();
-    assert_eq!(read_all(&s, a.ino).unwrap(), content(7, 3007));
+    let s = reopen_and_check(&dir);
     let n = s
         .mknod(ROOT_INO, b"new", FileKind::File, 0o644, 0, 0, 0)
         .unwrap();

@@ -623,6 +623,9 @@ fn median_run(mut runs: Vec<Row>) -> Result<Row> {
 
 /// Unpacks a tar or tar.zst corpus into `dest`, or returns the directory as is.
 fn prepare_corpus(src: &Path, work: &Path) -> Result<PathBuf> {
+    // Unpacking runs in the work directory: a relative path must not change meaning there.
+    let src = &std::fs::canonicalize(src)
+        .with_context(|| format!("corpus {}: no such file or directory", src.display()))?;
     if src.is_dir() {
         return Ok(src.to_path_buf());
     }
