@@ -1426,33 +1426,57 @@ fn zero_unwritten(buf: &mut [u8], written: &mut [(usize, usize)]) {
     }
 }
 
-/// Compressed-extent buffers, passed from the compression workers to the committing thread and
-/// back: a steady write reuses the same memory instead of allocating (and page-faulting) one
-/// per extent in a worker and freeing it in another thread. Bounded; trimmed when idle.
-static OUT_BUFS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 /// Compressed batches of a file a writer leaves queued (see `start_async_flush`).
 const PIPELINE_BATCHES: usize = 2;
 
 /// Pooled buffers of each kind kept while idle.
 const IDLE_BUFS: usize = 8;
-/// Most buffers [`OUT_BUFS`] keeps (each about an extent's size).
-const OUT_BUFS_MAX: usize = 512;
+
+/// Compressed-extent buffers, passed from the compression workers to the committing thread and
+/// back: a steady write reuses the same memory instead of allocating (and page-faulting) one
+/// per extent in a worker and freeing it in another thread. Holds at most [`OUT_BUFS_BYTES`]
+/// of capacity (shared by every store of the process); trimmed when idle.
+static OUT_BUFS: Mutex<OutBufs> = Mutex::new(OutBufs {
+    bufs: Vec::new(),
+    bytes: 0,
+});
+/// Most capacity [`OUT_BUFS`] keeps: what the default dirty limit can have in flight.
+const OUT_BUFS_BYTES: usize = 64 << 20;
+
+struct OutBufs {
+    bufs: Vec<Vec<u8>>,
+    /// Sum of the capacities of `bufs`.
+    bytes: usize,
+}
 
 fn take_out_buf() -> Vec<u8> {
-    lock(&OUT_BUFS).pop().unwrap_or_default()
+    let mut p = lock(&OUT_BUFS);
+    match p.bufs.pop() {
+        Some(v) => {
+            p.bytes -= v.capacity();
+            v
+        }
+        None => Vec::new(),
+    }
 }
 
 fn give_out_buf(mut v: Vec<u8>) {
     v.clear();
     let mut p = lock(&OUT_BUFS);
-    if p.len() < OUT_BUFS_MAX {
-        p.push(v);
+    if p.bytes + v.capacity() <= OUT_BUFS_BYTES {
+        p.bytes += v.capacity();
+        p.bufs.push(v);
     }
 }
 
 /// Frees pooled output buffers beyond `keep` (the background flusher calls it when idle).
 pub(crate) fn trim_out_bufs(keep: usize) {
-    lock(&OUT_BUFS).truncate(keep);
+    let mut p = lock(&OUT_BUFS);
+    while p.bufs.len() > keep {
+        if let Some(v) = p.bufs.pop() {
+            p.bytes -= v.capacity();
+        }
+    }
 }
 
 /// The whole blocks among `results`, kept until their commit succeeded.
@@ -1957,4 +1981,31 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
         pos += k as u64;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The output-buffer pool keeps at most its byte budget, whatever the buffers' sizes, and
+    /// a trim frees down to the count asked.
+    #[test]
+    fn output_buffer_pool_is_bounded_in_bytes() {
+        for _ in 0..100 {
+            give_out_buf(Vec::with_capacity(1 << 20));
+        }
+        {
+            let p = lock(&OUT_BUFS);
+            assert!(p.bytes <= OUT_BUFS_BYTES, "{} bytes pooled", p.bytes);
+            let sum: usize = p.bufs.iter().map(|v| v.capacity()).sum();
+            assert_eq!(sum, p.bytes);
+        }
+        let v = take_out_buf();
+        assert!(v.capacity() >= 1 << 20 && v.is_empty());
+        give_out_buf(v);
+        trim_out_bufs(3);
+        let p = lock(&OUT_BUFS);
+        assert!(p.bufs.len() <= 3);
+        assert_eq!(p.bufs.iter().map(|v| v.capacity()).sum::<usize>(), p.bytes);
+    }
 }
