@@ -1244,8 +1244,9 @@ impl Inner {
                             refs: 0,
                             ino,
                         };
-                        w.add_extent(id, &xr)?;
-                        disk += w.map_insert(
+                        disk += w.add_mapped_extent(
+                            id,
+                            &xr,
                             ino,
                             start,
                             MapRec {
@@ -1253,7 +1254,6 @@ impl Inner {
                                 ext_offset: 0,
                                 len: en.len as u32,
                             },
-                            true,
                         )?;
                     }
                 }

@@ -280,8 +280,19 @@ impl<'t> W<'t> {
         Ok(())
     }
 
-    /// Records a freshly written extent (no references yet). Returns its footprint.
-    pub(crate) fn add_extent(&mut self, id: u64, rec: &ExtentRec) -> Result<()> {
+    /// A new extent that `ino` references whole at file offset `off` through `m` (what a flush
+    /// adds for each block it wrote): the extent record with one reference, its segment index
+    /// entry, the segment's live bytes, the codec's statistics row and the map entry. The range
+    /// must be free. Returns the change of the inode's disk bytes.
+    pub(crate) fn add_mapped_extent(
+        &mut self,
+        id: u64,
+        rec: &ExtentRec,
+        ino: Ino,
+        off: u64,
+        m: MapRec,
+    ) -> Result<i64> {
+        let rec = ExtentRec { refs: 1, ..*rec };
         self.extents_mut()?.insert(id, rec.encode().as_slice())?;
         self.seg_extents_mut()?
             .insert((rec.segment, rec.seg_offset), id)?;
@@ -289,8 +300,13 @@ impl<'t> W<'t> {
         s.live += rec.footprint();
         s.len = s.len.max(rec.seg_offset + rec.footprint());
         self.put_segment(rec.segment, &s)?;
-        self.stat_adjust(rec.codec, [1, rec.stored_len as i64, rec.raw_len as i64, 0])?;
-        Ok(())
+        self.stat_adjust(
+            rec.codec,
+            [1, rec.stored_len as i64, rec.raw_len as i64, m.len as i64],
+        )?;
+        self.extmap_mut()?
+            .insert((ino, off), m.encode().as_slice())?;
+        Ok(rec.stored_len as i64)
     }
 
     /// Changes an extent's reference count and referenced bytes; frees it at zero references.
@@ -319,24 +335,6 @@ impl<'t> W<'t> {
         rec.refs = refs as u32;
         self.extents_mut()?.insert(id, rec.encode().as_slice())?;
         Ok(0)
-    }
-
-    /// Adds a map entry (the range must be free). Returns the disk-bytes change of the inode.
-    pub(crate) fn map_insert(
-        &mut self,
-        ino: Ino,
-        off: u64,
-        m: MapRec,
-        new_extent: bool,
-    ) -> Result<i64> {
-        self.extmap_mut()?
-            .insert((ino, off), m.encode().as_slice())?;
-        let d = self.extent_adjust(m.extent, 1, m.len as i64)?;
-        if new_extent {
-            let rec = self.extent(m.extent)?;
-            return Ok(d + rec.stored_len as i64);
-        }
-        Ok(d)
     }
 
     /// The map entries overlapping `[start, end)`.
