@@ -94,6 +94,7 @@ impl StatsRecord {
         put("segment_bytes", s.segment_bytes);
         put("live_bytes", s.live_bytes);
         put("read_only", u64::from(s.read_only));
+        put("dirty_bytes", s.dirty_bytes);
         for (codec, n) in &s.extents_compressed {
             put(&format!("extents_compressed.{codec}"), *n);
         }
@@ -159,6 +160,11 @@ impl StatsRecord {
             out,
             "segment bytes written    {}",
             mb(self.get("segment_bytes_written"))
+        );
+        let _ = writeln!(
+            out,
+            "dirty (not committed)    {}",
+            mb(self.get("dirty_bytes"))
         );
         let compressed: Vec<(&str, u64)> = self
             .values

@@ -628,8 +628,8 @@ impl Inner {
     }
 
     /// Flush on the last close: a file with several buffered blocks hands them to the pool and
-    /// returns (the batch is committed by the next flush of the file, `sync`, or the background
-    /// flusher), so a writer moving on to its next file overlaps with this file's compression;
+    /// returns (the writeback thread commits the batches once compressed), so a writer moving
+    /// on to its next file overlaps with this file's compression;
     /// small files, or when buffers are past half their limit, flush synchronously.
     pub(crate) fn release_flush(&self, ino: Ino, st: &mut FileState) -> Result<()> {
         let async_ok = st

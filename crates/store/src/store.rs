@@ -1020,6 +1020,7 @@ impl Inner {
             cache_hits: ld(&c.cache_hits),
             cache_misses: ld(&c.cache_misses),
             read_only: self.ro_flag.load(Ordering::SeqCst) || self.read_only_open,
+            dirty_bytes: self.dirty_bytes.load(Ordering::Relaxed) as u64,
             ..Stats::default()
         };
         for a in compfs_codec::Algorithm::ALL {

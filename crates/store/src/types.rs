@@ -283,6 +283,9 @@ pub struct Stats {
     pub live_bytes: u64,
     /// True once the store refused writes after an I/O failure.
     pub read_only: bool,
+    /// Bytes of file data buffered in memory, not yet committed (whole extent-sized blocks,
+    /// those being compressed included).
+    pub dirty_bytes: u64,
 }
 
 /// What a GC pass did.

@@ -155,3 +155,47 @@ fn small_files_written_back_in_batches_while_unlinked_and_extended() {
     drop(s);
     assert_clean(&dir);
 }
+
+/// A closed file whose last batches are still being compressed needs no flusher, `sync` or
+/// later write to be committed: the writeback thread commits them as they complete, so the
+/// buffers are free for the next file (the flusher is off here).
+#[test]
+fn closed_files_batches_are_committed_without_a_flush() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let s = create(&dir, 16384, tuning());
+    let mut files = Vec::new();
+    for f in 0..3u64 {
+        let ino = mkfile(&s, ROOT_INO, &format!("f{f}"));
+        s.open_file(ino).unwrap();
+        let data = pattern(60 * 16384 + 123, f);
+        for (i, c) in data.chunks(16384).enumerate() {
+            s.write(ino, i as u64 * 16384, c).unwrap();
+        }
+        assert!(
+            s.stats().dirty_bytes > 0,
+            "file {f} all committed before its close"
+        );
+        s.release(ino).unwrap();
+        files.push((ino, data));
+    }
+    let start = std::time::Instant::now();
+    while s.stats().dirty_bytes > 0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "{} bytes still buffered after the files were closed",
+            s.stats().dirty_bytes
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for (ino, data) in &files {
+        assert_eq!(&read_all(&s, *ino).unwrap(), data);
+    }
+    s.close().unwrap();
+    let s = open(&dir, tuning());
+    for (ino, data) in &files {
+        assert_eq!(&read_all(&s, *ino).unwrap(), data);
+    }
+    s.close().unwrap();
+    assert_clean(&dir);
+}
