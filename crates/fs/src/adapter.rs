@@ -67,6 +67,14 @@ impl CompFs {
         }
     }
 
+    /// Replies with the new or found entry `r`, or its error.
+    fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Err(e) => reply.error(self.err(&e)),
+        }
+    }
+
     /// Maps a store error to errno; corruption is logged once per (file, offset) with the path.
     fn err(&self, e: &Error) -> Errno {
         if let Error::Corrupt {
@@ -331,10 +339,7 @@ impl Filesystem for CompFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        match self.store.lookup(parent.0, name(n)) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.entry(self.store.lookup(parent.0, name(n)), reply)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -414,10 +419,10 @@ impl Filesystem for CompFs {
             return reply.error(Errno::EINVAL);
         }
         let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, false);
-        match self.store.mknod(parent.0, name(n), k, perm, uid, gid, rdev) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.entry(
+            self.store.mknod(parent.0, name(n), k, perm, uid, gid, rdev),
+            reply,
+        )
     }
 
     fn mkdir(
@@ -430,10 +435,7 @@ impl Filesystem for CompFs {
         reply: ReplyEntry,
     ) {
         let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, true);
-        match self.store.mkdir(parent.0, name(n), perm, uid, gid) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.entry(self.store.mkdir(parent.0, name(n), perm, uid, gid), reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -453,16 +455,16 @@ impl Filesystem for CompFs {
         reply: ReplyEntry,
     ) {
         let (uid, gid, _) = self.owner_for(req, parent.0, 0o777, false);
-        match self.store.symlink(
-            parent.0,
-            name(link_name),
-            target.as_os_str().as_bytes(),
-            uid,
-            gid,
-        ) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.entry(
+            self.store.symlink(
+                parent.0,
+                name(link_name),
+                target.as_os_str().as_bytes(),
+                uid,
+                gid,
+            ),
+            reply,
+        )
     }
 
     fn rename(
@@ -499,10 +501,7 @@ impl Filesystem for CompFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.store.link(ino.0, newparent.0, name(newname)) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(self.err(&e)),
-        }
+        self.entry(self.store.link(ino.0, newparent.0, name(newname)), reply)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
