@@ -689,10 +689,7 @@ impl Inner {
     /// Flushes files queued by [`Inner::queue_writeback`]: each is compressed on this thread and
     /// appended, then all are committed in one transaction. An untar closes thousands of small
     /// files; a transaction each was most of the writeback's cost and kept redb's write lock
-    /// busy while FUSE requests (creates) waited for it; the writeback thread also gathers
-    /// closes for a moment (`WRITEBACK_GATHER`) before starting a batch, so that a steady
-    /// stream of closes makes few large transactions rather than one per close, each of
-    /// which a create would wait for. A file that is locked elsewhere, or
+    /// busy while FUSE requests (creates) waited for it. A file that is locked elsewhere, or
     /// holds more than one block, partial blocks, punched holes or batches in flight, is
     /// flushed on its own.
     pub(crate) fn writeback_batch(&self, inos: &[Ino]) {

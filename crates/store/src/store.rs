@@ -692,18 +692,12 @@ fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>) {
     }
 }
 
-/// How long the writeback thread gathers closed files into one transaction after the first.
-const WRITEBACK_GATHER: Duration = Duration::from_millis(2);
-
 /// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
 /// closing thread (a FUSE request) does not compress and commit.
 fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
     while let Ok(first) = rx.recv() {
         let Some(inner) = weak.upgrade() else { return };
-        // Everything queued within WRITEBACK_GATHER goes in one batch (one transaction). The
-        // thread sleeps rather than waiting on the channel, so that the closes meanwhile do
-        // not each wake it.
-        std::thread::sleep(WRITEBACK_GATHER);
+        // Everything queued so far goes in one batch (one transaction).
         let mut batch = vec![first];
         while batch.len() < 256 {
             match rx.try_recv() {
