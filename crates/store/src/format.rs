@@ -264,9 +264,7 @@ impl ExtentHeader {
         if Algorithm::from_id(h.codec).is_none() {
             return Err(format!("unknown codec id {}", h.codec));
         }
-        if h.raw_len as usize > compfs_codec::MAX_EXTENT
-            || h.stored_len as usize > compfs_codec::MAX_EXTENT + 4096
-        {
+        if h.raw_len as usize > compfs_codec::MAX_EXTENT || h.stored_len as usize > MAX_STORED {
             return Err(format!(
                 "implausible lengths raw {} stored {}",
                 h.raw_len, h.stored_len
@@ -275,6 +273,10 @@ impl ExtentHeader {
         Ok(h)
     }
 }
+
+/// Largest stored length of an extent or inline data: a codec may expand incompressible input
+/// a little before the store gives up and stores it raw.
+pub const MAX_STORED: usize = compfs_codec::MAX_EXTENT + 4096;
 
 /// Bad metadata value.
 fn short(what: &str, len: usize) -> String {
@@ -377,6 +379,16 @@ impl InodeRec {
         } else {
             if Algorithm::from_id(b[104]).is_none() {
                 return Err(format!("bad inline codec {}", b[104]));
+            }
+            // Readers allocate `raw_len` bytes to decode into: bound it like an extent's.
+            if u32_at(b, 108) as usize > compfs_codec::MAX_EXTENT
+                || b.len() - INODE_FIXED > MAX_STORED
+            {
+                return Err(format!(
+                    "implausible inline lengths raw {} stored {}",
+                    u32_at(b, 108),
+                    b.len() - INODE_FIXED
+                ));
             }
             Some(Inline {
                 codec: b[104],
@@ -500,6 +512,14 @@ impl ExtentRec {
     pub fn decode(b: &[u8]) -> Result<ExtentRec, String> {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
+        }
+        // Readers allocate from these lengths before the header is read: bound them as the
+        // header's are.
+        let (stored_len, raw_len) = (u32_at(b, 16), u32_at(b, 20));
+        if raw_len as usize > compfs_codec::MAX_EXTENT || stored_len as usize > MAX_STORED {
+            return Err(format!(
+                "implausible extent lengths raw {raw_len} stored {stored_len}"
+            ));
         }
         Ok(ExtentRec {
             segment: u64_at(b, 0),
@@ -712,5 +732,140 @@ mod tests {
         assert!(SegmentHeader::decode(&sb).is_err());
         assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
         assert_eq!(parse_segment_file_name("junk.seg"), None);
+    }
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Every decoder, on any bytes: a value or an error, never a panic, and never lengths
+        /// a reader would allocate unboundedly from.
+        fn decode_all(b: &[u8]) {
+            let _ = Superblock::decode(b);
+            let _ = SegmentHeader::decode(b);
+            if let Ok(h) = ExtentHeader::decode(b) {
+                assert!(h.raw_len as usize <= compfs_codec::MAX_EXTENT);
+                assert!(h.stored_len as usize <= MAX_STORED);
+            }
+            if let Ok(r) = InodeRec::decode(b) {
+                if let Some(i) = r.inline {
+                    assert!(i.raw_len as usize <= compfs_codec::MAX_EXTENT);
+                    assert!(i.bytes.len() <= MAX_STORED);
+                }
+            }
+            let _ = DirentRec::decode(b);
+            let _ = MapRec::decode(b);
+            if let Ok(x) = ExtentRec::decode(b) {
+                assert!(x.raw_len as usize <= compfs_codec::MAX_EXTENT);
+                assert!(x.stored_len as usize <= MAX_STORED);
+            }
+            let _ = SegmentRec::decode(b);
+            let _ = StatRec::decode(b);
+            if let Ok(s) = std::str::from_utf8(b) {
+                let _ = parse_segment_file_name(s);
+            }
+        }
+
+        fn ts() -> impl Strategy<Value = Timestamp> {
+            (any::<i64>(), 0u32..1_000_000_000).prop_map(|(secs, nsecs)| Timestamp { secs, nsecs })
+        }
+
+        fn inode() -> impl Strategy<Value = InodeRec> {
+            let inline = proptest::option::of(
+                (
+                    0u8..4,
+                    any::<i8>(),
+                    0u32..=1 << 20,
+                    proptest::collection::vec(any::<u8>(), 0..64),
+                )
+                    .prop_map(|(codec, level, raw_len, bytes)| Inline {
+                        codec,
+                        level,
+                        raw_len,
+                        bytes,
+                    }),
+            );
+            (
+                (
+                    1u8..=7,
+                    any::<u16>(),
+                    any::<u32>(),
+                    any::<u32>(),
+                    any::<u32>(),
+                    any::<u32>(),
+                ),
+                (any::<u64>(), ts(), ts(), ts(), ts()),
+                (any::<u64>(), any::<u64>(), any::<u64>(), inline),
+            )
+                .prop_filter_map(
+                    "kind code",
+                    |(
+                        (k, perm, nlink, uid, gid, rdev),
+                        (size, atime, mtime, ctime, crtime),
+                        (parent, next_seq, disk_bytes, inline),
+                    )| {
+                        Some(InodeRec {
+                            kind: FileKind::from_code(k)?,
+                            perm,
+                            nlink,
+                            uid,
+                            gid,
+                            rdev,
+                            size,
+                            atime,
+                            mtime,
+                            ctime,
+                            crtime,
+                            parent,
+                            next_seq,
+                            disk_bytes,
+                            inline,
+                        })
+                    },
+                )
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+                decode_all(&b);
+            }
+
+            #[test]
+            fn damaged_records_never_panic(r in inode(), at in any::<prop::sample::Index>(), bit in 0u8..8, cut in any::<prop::sample::Index>()) {
+                let b = r.encode();
+                prop_assert_eq!(InodeRec::decode(&b).unwrap(), r);
+                let mut c = b.clone();
+                let i = at.index(c.len());
+                c[i] ^= 1 << bit;
+                decode_all(&c);
+                decode_all(&b[..cut.index(b.len())]);
+            }
+
+            #[test]
+            fn extent_records_round_trip_within_bounds(
+                segment in any::<u64>(), seg_offset in any::<u64>(), stored_len in 0u32..=MAX_STORED as u32,
+                raw_len in 0u32..=1 << 20, codec in any::<u8>(), level in any::<i8>(), crc in any::<u32>(),
+                refs in any::<u32>(), ino in any::<u64>(),
+            ) {
+                let x = ExtentRec { segment, seg_offset, stored_len, raw_len, codec, level, crc, refs, ino };
+                prop_assert_eq!(ExtentRec::decode(&x.encode()).unwrap(), x);
+                let mut big = x.encode();
+                big[20..24].copy_from_slice(&(1u32 << 20 | 1).to_le_bytes());
+                prop_assert!(ExtentRec::decode(&big).is_err());
+            }
+
+            #[test]
+            fn extent_headers_detect_every_bit_flip(
+                raw_len in 0u32..=1 << 20, stored_len in 0u32..=1 << 20, id in any::<u64>(),
+                ino in any::<u64>(), file_offset in any::<u64>(), crc in any::<u32>(),
+                at in 0..EXT_HEADER_LEN, bit in 0u8..8,
+            ) {
+                let h = ExtentHeader { codec: 1, level: 3, raw_len, stored_len, id, ino, file_offset, crc };
+                let mut b = h.encode();
+                prop_assert_eq!(ExtentHeader::decode(&b).unwrap(), h);
+                b[at] ^= 1 << bit;
+                prop_assert!(ExtentHeader::decode(&b).is_err());
+            }
+        }
     }
 }
