@@ -264,12 +264,7 @@ impl ExtentHeader {
         if Algorithm::from_id(h.codec).is_none() {
             return Err(format!("unknown codec id {}", h.codec));
         }
-        if h.raw_len as usize > compfs_codec::MAX_EXTENT || h.stored_len as usize > MAX_STORED {
-            return Err(format!(
-                "implausible lengths raw {} stored {}",
-                h.raw_len, h.stored_len
-            ));
-        }
+        check_lengths("extent", h.raw_len as usize, h.stored_len as usize)?;
         Ok(h)
     }
 }
@@ -277,6 +272,18 @@ impl ExtentHeader {
 /// Largest stored length of an extent or inline data: a codec may expand incompressible input
 /// a little before the store gives up and stores it raw.
 pub const MAX_STORED: usize = compfs_codec::MAX_EXTENT + 4096;
+
+/// Rejects uncompressed and stored lengths no extent or inline data can have: readers size
+/// buffers from them (extent records before the extent header is read), so a damaged value
+/// must not make one allocate gigabytes.
+fn check_lengths(what: &str, raw: usize, stored: usize) -> Result<(), String> {
+    if raw > compfs_codec::MAX_EXTENT || stored > MAX_STORED {
+        return Err(format!(
+            "implausible {what} lengths raw {raw} stored {stored}"
+        ));
+    }
+    Ok(())
+}
 
 /// Bad metadata value.
 fn short(what: &str, len: usize) -> String {
@@ -380,16 +387,7 @@ impl InodeRec {
             if Algorithm::from_id(b[104]).is_none() {
                 return Err(format!("bad inline codec {}", b[104]));
             }
-            // Readers allocate `raw_len` bytes to decode into: bound it like an extent's.
-            if u32_at(b, 108) as usize > compfs_codec::MAX_EXTENT
-                || b.len() - INODE_FIXED > MAX_STORED
-            {
-                return Err(format!(
-                    "implausible inline lengths raw {} stored {}",
-                    u32_at(b, 108),
-                    b.len() - INODE_FIXED
-                ));
-            }
+            check_lengths("inline", u32_at(b, 108) as usize, b.len() - INODE_FIXED)?;
             Some(Inline {
                 codec: b[104],
                 level: b[105] as i8,
@@ -513,14 +511,7 @@ impl ExtentRec {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
         }
-        // Readers allocate from these lengths before the header is read: bound them as the
-        // header's are.
-        let (stored_len, raw_len) = (u32_at(b, 16), u32_at(b, 20));
-        if raw_len as usize > compfs_codec::MAX_EXTENT || stored_len as usize > MAX_STORED {
-            return Err(format!(
-                "implausible extent lengths raw {raw_len} stored {stored_len}"
-            ));
-        }
+        check_lengths("extent", u32_at(b, 20) as usize, u32_at(b, 16) as usize)?;
         Ok(ExtentRec {
             segment: u64_at(b, 0),
             seg_offset: u64_at(b, 8),
@@ -733,30 +724,36 @@ mod tests {
         assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
         assert_eq!(parse_segment_file_name("junk.seg"), None);
     }
+
     mod props {
         use super::super::*;
+        use compfs_codec::MAX_EXTENT;
         use proptest::prelude::*;
 
         /// Every decoder, on any bytes: a value or an error, never a panic, and never lengths
         /// a reader would allocate unboundedly from.
         fn decode_all(b: &[u8]) {
+            let bounded = |raw: u32, stored: usize| {
+                assert!(
+                    raw as usize <= MAX_EXTENT && stored <= MAX_STORED,
+                    "{raw} {stored}"
+                );
+            };
             let _ = Superblock::decode(b);
             let _ = SegmentHeader::decode(b);
             if let Ok(h) = ExtentHeader::decode(b) {
-                assert!(h.raw_len as usize <= compfs_codec::MAX_EXTENT);
-                assert!(h.stored_len as usize <= MAX_STORED);
+                bounded(h.raw_len, h.stored_len as usize);
             }
-            if let Ok(r) = InodeRec::decode(b) {
-                if let Some(i) = r.inline {
-                    assert!(i.raw_len as usize <= compfs_codec::MAX_EXTENT);
-                    assert!(i.bytes.len() <= MAX_STORED);
-                }
+            if let Ok(InodeRec {
+                inline: Some(i), ..
+            }) = InodeRec::decode(b)
+            {
+                bounded(i.raw_len, i.bytes.len());
             }
             let _ = DirentRec::decode(b);
             let _ = MapRec::decode(b);
             if let Ok(x) = ExtentRec::decode(b) {
-                assert!(x.raw_len as usize <= compfs_codec::MAX_EXTENT);
-                assert!(x.stored_len as usize <= MAX_STORED);
+                bounded(x.raw_len, x.stored_len as usize);
             }
             let _ = SegmentRec::decode(b);
             let _ = StatRec::decode(b);
@@ -774,7 +771,7 @@ mod tests {
                 (
                     0u8..4,
                     any::<i8>(),
-                    0u32..=1 << 20,
+                    0u32..=MAX_EXTENT as u32,
                     proptest::collection::vec(any::<u8>(), 0..64),
                 )
                     .prop_map(|(codec, level, raw_len, bytes)| Inline {
@@ -844,19 +841,19 @@ mod tests {
             #[test]
             fn extent_records_round_trip_within_bounds(
                 segment in any::<u64>(), seg_offset in any::<u64>(), stored_len in 0u32..=MAX_STORED as u32,
-                raw_len in 0u32..=1 << 20, codec in any::<u8>(), level in any::<i8>(), crc in any::<u32>(),
+                raw_len in 0u32..=MAX_EXTENT as u32, codec in any::<u8>(), level in any::<i8>(), crc in any::<u32>(),
                 refs in any::<u32>(), ino in any::<u64>(),
             ) {
                 let x = ExtentRec { segment, seg_offset, stored_len, raw_len, codec, level, crc, refs, ino };
                 prop_assert_eq!(ExtentRec::decode(&x.encode()).unwrap(), x);
                 let mut big = x.encode();
-                big[20..24].copy_from_slice(&(1u32 << 20 | 1).to_le_bytes());
+                big[20..24].copy_from_slice(&(MAX_EXTENT as u32 + 1).to_le_bytes());
                 prop_assert!(ExtentRec::decode(&big).is_err());
             }
 
             #[test]
             fn extent_headers_detect_every_bit_flip(
-                raw_len in 0u32..=1 << 20, stored_len in 0u32..=1 << 20, id in any::<u64>(),
+                raw_len in 0u32..=MAX_EXTENT as u32, stored_len in 0u32..=MAX_EXTENT as u32, id in any::<u64>(),
                 ino in any::<u64>(), file_offset in any::<u64>(), crc in any::<u32>(),
                 at in 0..EXT_HEADER_LEN, bit in 0u8..8,
             ) {
