@@ -3,6 +3,7 @@
 //! cache timeouts, init flags, the setgid-directory group rule (the store takes uid/gid as given),
 //! and the read-only virtual xattrs that report usage and statistics.
 
+use std::cell::OnceCell;
 use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::io;
@@ -22,6 +23,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::privilege::{self, Caller, Change};
 use crate::report;
 
 /// How long the kernel may cache attributes and directory entries. All changes go through this
@@ -142,32 +144,77 @@ impl CompFs {
         }
     }
 
-    /// What the kernel leaves to us under FUSE_HANDLE_KILLPRIV_V2 on write, truncate and chown:
-    /// clear S_ISUID, clear S_ISGID when group-executable, drop file capabilities.
-    fn kill_suidgid(&self, attr: &Attr) -> Result<Attr, Error> {
-        if attr.kind != FileKind::File {
-            return Ok(*attr);
-        }
-        let mut perm = attr.perm & !0o4000;
-        if perm & 0o2010 == 0o2010 {
-            perm &= !0o2000;
-        }
-        let mut out = *attr;
+    /// The permission bits `attr` keeps after `changes` by the caller of `req`
+    /// ([`privilege::mode_after`]: the kernel leaves this to us under FUSE_HANDLE_KILLPRIV_V2).
+    /// `unprivileged`: the kernel already said that the caller lacks CAP_FSETID.
+    fn killed_perm(
+        &self,
+        req: &Request,
+        attr: &Attr,
+        changes: &[Change],
+        unprivileged: bool,
+    ) -> u16 {
+        let caller = OnceCell::new();
+        let who = || caller.get_or_init(|| caller_of(req, unprivileged)).clone();
+        changes.iter().fold(attr.perm, |perm, &ch| {
+            privilege::mode_after(attr.kind, perm, attr.gid, ch, who)
+        })
+    }
+
+    /// Clears S_ISUID/S_ISGID as `change` by `req`'s caller requires (write and fallocate;
+    /// setattr folds the new mode into its own store call).
+    fn kill_privs(
+        &self,
+        req: &Request,
+        ino: Ino,
+        change: Change,
+        unprivileged: bool,
+    ) -> Result<(), Error> {
+        let attr = self.store.getattr(ino)?;
+        let perm = self.killed_perm(req, &attr, &[change], unprivileged);
         if perm != attr.perm {
             let set = SetAttr {
                 mode: Some(u32::from(perm)),
                 ..SetAttr::default()
             };
-            out = self.store.setattr(attr.ino, &set)?;
+            self.store.setattr(ino, &set)?;
         }
-        if self.store.getxattr(attr.ino, CAPABILITY_XATTR).is_ok() {
-            match self.store.removexattr(attr.ino, CAPABILITY_XATTR) {
-                Ok(()) | Err(Error::NoXattr) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+        self.drop_capability(req, &attr, change, unprivileged)
     }
+
+    /// File capabilities go with the setuid bit: on chown of a non-directory, and on a change
+    /// of a regular file by a caller without CAP_FSETID (the kernel's ATTR_KILL_PRIV).
+    fn drop_capability(
+        &self,
+        req: &Request,
+        attr: &Attr,
+        change: Change,
+        unprivileged: bool,
+    ) -> Result<(), Error> {
+        let applies = match change {
+            Change::Chown => attr.kind != FileKind::Dir,
+            Change::Modify => attr.kind == FileKind::File,
+        };
+        if !applies || self.store.getxattr(attr.ino, CAPABILITY_XATTR).is_err() {
+            return Ok(());
+        }
+        if change == Change::Modify && caller_of(req, unprivileged).fsetid {
+            return Ok(());
+        }
+        match self.store.removexattr(attr.ino, CAPABILITY_XATTR) {
+            Ok(()) | Err(Error::NoXattr) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The credentials of a request's caller for the privilege-bit rules.
+fn caller_of(req: &Request, unprivileged: bool) -> Caller {
+    let mut c = Caller::of(req.uid(), req.gid(), req.pid());
+    if unprivileged {
+        c.fsetid = false;
+    }
+    c
 }
 
 /// Finds a path of an inode by walking the tree from the root (only used for the corruption
@@ -367,7 +414,7 @@ impl Filesystem for CompFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode,
             uid,
             gid,
@@ -376,18 +423,44 @@ impl Filesystem for CompFs {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(timestamp),
         };
-        // Under FUSE_HANDLE_KILLPRIV_V2 the kernel no longer turns these into mode changes:
-        // chown of a non-directory always kills setuid/setgid (as Linux does); truncate does
-        // when the caller is not privileged (root stands in for CAP_FSETID, which FUSE does
-        // not pass on).
-        let kill = mode.is_none()
-            && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
-        let r = self.store.setattr(ino.0, &set).and_then(|a| {
-            if kill {
-                self.kill_suidgid(&a)
-            } else {
-                Ok(a)
+        // Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves the privilege bits to us (fuser does
+        // not pass FATTR_KILL_SUIDGID on, so the rules are applied from what the request is):
+        // chown/chgrp, including chown(f, -1, -1), which reaches us as a setattr of ctime
+        // alone (nothing else sends one), and truncate.
+        let chown = uid.is_some()
+            || gid.is_some()
+            || (set.ctime.is_some()
+                && mode.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none());
+        let mut changes = Vec::new();
+        if chown {
+            changes.push(Change::Chown);
+        }
+        if size.is_some() {
+            changes.push(Change::Modify);
+        }
+        let mut before = None;
+        if mode.is_none() && !changes.is_empty() {
+            match self.store.getattr(ino.0) {
+                Ok(a) => {
+                    let perm = self.killed_perm(req, &a, &changes, false);
+                    if perm != a.perm {
+                        set.mode = Some(u32::from(perm));
+                    }
+                    before = Some(a);
+                }
+                Err(e) => return reply.error(self.err(&e)),
             }
+        }
+        let r = self.store.setattr(ino.0, &set).and_then(|a| {
+            if let Some(b) = &before {
+                for &ch in &changes {
+                    self.drop_capability(req, b, ch, false)?;
+                }
+            }
+            Ok(a)
         });
         match r {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
@@ -544,7 +617,7 @@ impl Filesystem for CompFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -554,12 +627,9 @@ impl Filesystem for CompFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel sets this flag when the writer lacks CAP_FSETID.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self
-                .store
-                .getattr(ino.0)
-                .and_then(|a| self.kill_suidgid(&a))
-            {
+            if let Err(e) = self.kill_privs(req, ino.0, Change::Modify, true) {
                 return reply.error(self.err(&e));
             }
         }
@@ -609,6 +679,26 @@ impl Filesystem for CompFs {
         reply: ReplyEmpty,
     ) {
         self.finish(self.store.fsync(ino.0, datasync), reply)
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Counted like an open file, so that a directory removed or renamed over while open
+        // lives on (nlink 0, fstat works) until closed.
+        match self.store.open_file(ino.0) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(self.err(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.finish(self.store.release(ino.0), reply)
     }
 
     fn readdir(
@@ -771,7 +861,7 @@ impl Filesystem for CompFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -781,14 +871,25 @@ impl Filesystem for CompFs {
     ) {
         const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        let ino = ino.0;
         let r = match mode {
-            0 => self.store.allocate(ino.0, offset, length, false),
-            KEEP => self.store.allocate(ino.0, offset, length, true),
-            m if m == PUNCH | KEEP => self.store.punch_hole(ino.0, offset, length),
-            // Collapse/insert/zero range and unshare are not supported (as btrfs lacks
+            0 => self.store.allocate(ino, offset, length, false),
+            KEEP => self.store.allocate(ino, offset, length, true),
+            m if m == PUNCH | KEEP => self.store.punch_hole(ino, offset, length),
+            // Zeroing is a hole punched, then the size extended as by an allocation.
+            ZERO => self
+                .store
+                .punch_hole(ino, offset, length)
+                .and_then(|()| self.store.allocate(ino, offset, length, false)),
+            m if m == ZERO | KEEP => self.store.punch_hole(ino, offset, length),
+            // Collapse/insert range and unshare are not supported (as btrfs lacks
             // collapse/insert): say so rather than pretend.
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
+        // The kernel does not flag fallocate for us: a caller without CAP_FSETID loses the
+        // privilege bits, as on write (ext4_fallocate -> file_modified).
+        let r = r.and_then(|()| self.kill_privs(req, ino, Change::Modify, false));
         self.finish(r, reply)
     }
 

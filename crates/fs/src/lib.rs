@@ -7,6 +7,7 @@ pub mod adapter;
 pub mod error;
 pub mod mount;
 pub mod options;
+pub mod privilege;
 pub mod report;
 pub mod usage;
 
