@@ -537,3 +537,65 @@ fn xattrs_and_compression_property() {
     let (ok, _, err) = compfs(&["stats", m.path("z9").to_str().unwrap()]);
     assert!(!ok && err.contains("not the root"), "{err}");
 }
+
+/// Issue 13: a directory read while its entries are renamed returns no entry twice and ends
+/// (a renamed entry gets a new cookie at the end; a reader that follows it never finishes).
+#[test]
+fn readdir_during_renames_terminates_without_duplicates() {
+    use std::collections::HashSet;
+    use std::os::unix::fs::DirEntryExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    require_fuse!();
+    let (_t, m) = setup("readdir-renames", "");
+    let dir = m.path("d");
+    fs::create_dir(&dir).unwrap();
+    const N: usize = 2000;
+    for i in 0..N {
+        File::create(dir.join(format!("a{i}"))).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let renamer = {
+        let (stop, dir) = (stop.clone(), dir.clone());
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (from, to) = if round % 2 == 0 {
+                    ("a", "b")
+                } else {
+                    ("b", "a")
+                };
+                for i in 0..N {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    fs::rename(dir.join(format!("{from}{i}")), dir.join(format!("{to}{i}")))
+                        .unwrap();
+                }
+                round += 1;
+            }
+        })
+    };
+    let result = std::panic::catch_unwind(|| {
+        for pass in 0..15 {
+            let mut seen = HashSet::new();
+            for (k, e) in fs::read_dir(&dir).unwrap().enumerate() {
+                let e = e.unwrap();
+                assert!(k < 2 * N, "pass {pass}: readdir does not end");
+                assert!(
+                    seen.insert(e.ino()),
+                    "pass {pass}: {:?} (inode {}) returned twice",
+                    e.file_name(),
+                    e.ino()
+                );
+            }
+            assert!(seen.len() <= N, "pass {pass}: {} entries", seen.len());
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    renamer.join().unwrap();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), N);
+}

@@ -4,11 +4,12 @@
 //! and the read-only virtual xattrs that report usage and statistics.
 
 use std::cell::OnceCell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,6 +46,10 @@ pub struct CompFs {
     store: Arc<Store>,
     /// (inode, offset) pairs already logged as corrupt: one log line each.
     corrupt_logged: Mutex<HashSet<(Ino, u64)>>,
+    /// Per open directory handle: the cookie its reads stop at ([`Store::dir_end_cookie`] at
+    /// opendir, renewed when reading starts over at offset 0, as after rewinddir).
+    dir_ends: Mutex<HashMap<u64, u64>>,
+    next_dir_fh: AtomicU64,
 }
 
 impl std::fmt::Debug for CompFs {
@@ -58,6 +63,8 @@ impl CompFs {
         CompFs {
             store,
             corrupt_logged: Mutex::new(HashSet::new()),
+            dir_ends: Mutex::new(HashMap::new()),
+            next_dir_fh: AtomicU64::new(1),
         }
     }
 
@@ -122,12 +129,31 @@ impl CompFs {
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 impl CompFs {
+    /// The cookie that reads of directory handle `fh` stop at: entries renamed or created
+    /// after the handle was opened (or rewound) are not returned, so none comes twice and a
+    /// read ends whatever renames do meanwhile.
+    fn dir_end(&self, dir: Ino, fh: FileHandle, offset: u64) -> Result<u64, Error> {
+        let mut ends = match self.dir_ends.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if offset == 0 {
+            let end = self.store.dir_end_cookie(dir)?;
+            if let Some(e) = ends.get_mut(&fh.0) {
+                *e = end;
+            }
+            return Ok(end);
+        }
+        Ok(ends.get(&fh.0).copied().unwrap_or(u64::MAX))
+    }
+
     /// Feeds the entries of `dir` from cookie `offset` on to `add` until it says the reply
-    /// buffer is full (returns true) or the directory ends.
+    /// buffer is full (returns true) or the directory ends (at cookie `end`).
     fn fill_dir(
         &self,
         dir: Ino,
         mut offset: u64,
+        end: u64,
         mut add: impl FnMut(&DirEntry) -> Result<bool, Error>,
     ) -> Result<(), Error> {
         loop {
@@ -136,6 +162,9 @@ impl CompFs {
                 return Ok(());
             }
             for e in &entries {
+                if e.offset >= end {
+                    return Ok(());
+                }
                 if add(e)? {
                     return Ok(());
                 }
@@ -684,9 +713,22 @@ impl Filesystem for CompFs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Counted like an open file, so that a directory removed or renamed over while open
         // lives on (nlink 0, fstat works) until closed.
-        match self.store.open_file(ino.0) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(self.err(&e)),
+        if let Err(e) = self.store.open_file(ino.0) {
+            return reply.error(self.err(&e));
+        }
+        match self.store.dir_end_cookie(ino.0) {
+            Ok(end) => {
+                let fh = self.next_dir_fh.fetch_add(1, Ordering::Relaxed);
+                match self.dir_ends.lock() {
+                    Ok(mut g) => g.insert(fh, end),
+                    Err(p) => p.into_inner().insert(fh, end),
+                };
+                reply.opened(FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => {
+                let _ = self.store.release(ino.0);
+                reply.error(self.err(&e))
+            }
         }
     }
 
@@ -694,10 +736,14 @@ impl Filesystem for CompFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        match self.dir_ends.lock() {
+            Ok(mut g) => g.remove(&fh.0),
+            Err(p) => p.into_inner().remove(&fh.0),
+        };
         self.finish(self.store.release(ino.0), reply)
     }
 
@@ -705,11 +751,15 @@ impl Filesystem for CompFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fill_dir(ino.0, offset, |e| {
+        let end = match self.dir_end(ino.0, fh, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(self.err(&e)),
+        };
+        let r = self.fill_dir(ino.0, offset, end, |e| {
             Ok(reply.add(
                 INodeNo(e.ino),
                 e.offset,
@@ -724,11 +774,15 @@ impl Filesystem for CompFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fill_dir(ino.0, offset, |e| {
+        let end = match self.dir_end(ino.0, fh, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(self.err(&e)),
+        };
+        let r = self.fill_dir(ino.0, offset, end, |e| {
             let attr = match self.store.getattr(e.ino) {
                 Ok(a) => a,
                 // Removed between readdir and getattr: skip it, as a later readdir would.

@@ -617,6 +617,18 @@ impl Store {
         Ok(out)
     }
 
+    /// The cookie past every entry `dir` holds now: an entry added or renamed later gets a
+    /// cookie at or beyond it. A reader that stops there sees each entry at most once however
+    /// entries are renamed meanwhile (as btrfs bounds readdir by the last index at opendir).
+    pub fn dir_end_cookie(&self, dir: Ino) -> Result<u64> {
+        let txn = self.inner.db.begin_read()?;
+        let d = inode_in(&txn, dir)?;
+        if d.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(d.next_seq.saturating_add(3))
+    }
+
     /// Counts an open handle (an unlinked inode lives while open). Named `open_file` because
     /// `Store::open` opens a store.
     pub fn open_file(&self, ino: Ino) -> Result<()> {
