@@ -11,6 +11,8 @@
 //! difference fails the test unless [`ALLOWED`] names it with the kernel reason it cannot be
 //! fixed in the daemon, and an [`ALLOWED`] entry that matches nothing fails it too.
 //!
+//! `COMPFS_DIFF_SHOW=CASE` prints what both filesystems did in that case.
+//!
 //! Needs root and a loop device (CI runs as root); skipped with a printed reason otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod fs_common;
@@ -91,6 +93,9 @@ enum Op {
     Unlink(CString),
     Rename(CString, CString, u32),
     Utimens(CString, Option<[Ts; 2]>, i32),
+    Setxattr(CString, CString, Vec<u8>),
+    /// Returns the value's size.
+    Getxattr(CString, CString),
 }
 
 impl Op {
@@ -108,7 +113,9 @@ impl Op {
             | Op::Mknod(p, ..)
             | Op::Rmdir(p)
             | Op::Unlink(p)
-            | Op::Utimens(p, ..) => vec![s(p)],
+            | Op::Utimens(p, ..)
+            | Op::Setxattr(p, ..)
+            | Op::Getxattr(p, _) => vec![s(p)],
             Op::Link(a, b) | Op::Rename(a, b, _) => vec![s(a), s(b)],
             Op::Symlink(_, p) => vec![s(p)],
             _ => vec![],
@@ -149,6 +156,8 @@ impl Op {
             Op::Unlink(p) => format!("unlink({})", short(p)),
             Op::Rename(a, b, f) => format!("renameat2({}, {}, {f})", short(a), short(b)),
             Op::Utimens(p, t, f) => format!("utimensat({}, {t:?}, {f:#x})", short(p)),
+            Op::Setxattr(p, n, v) => format!("lsetxattr({}, {n:?}, {} bytes)", short(p), v.len()),
+            Op::Getxattr(p, n) => format!("lgetxattr({}, {n:?})", short(p)),
         }
     }
 }
@@ -348,6 +357,8 @@ fn cases() -> Vec<Case> {
                 vec![open("f7", RD, 0, 0), Op::Fchown(0, KEEP, GS), Op::Close(0)],
             ),
             st(A, vec![chown("p", KEEP, GS), chown("d", KEEP, GS)]),
+            st(Root, vec![chmod("p", 0o6775), chmod("d", 0o6775)]),
+            st(A, vec![chown("p", KEEP, KEEP), chown("d", KEEP, KEEP)]),
         ],
     });
 
@@ -421,6 +432,43 @@ fn cases() -> Vec<Case> {
                         Op::Fstat(0),
                         Op::Close(0),
                     ],
+                ),
+            ],
+        });
+    }
+
+    // File capabilities go with the setuid bit (the kernel's ATTR_KILL_PRIV).
+    {
+        // struct vfs_cap_data, revision 2, effective, CAP_NET_BIND_SERVICE permitted.
+        let cap: Vec<u8> = [0x0200_0001u32, 1 << 10, 0, 0, 0]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let name = "security.capability";
+        let mut setup = Vec::new();
+        for f in ["c1", "c2", "c3", "c4", "c5"] {
+            setup.extend(setup_file(f, 0o777, UA, UA, 100));
+            setup.push(Op::Setxattr(c(f), c(name), cap.clone()));
+        }
+        let get = |f: &str| Op::Getxattr(c(f), c(name));
+        v.push(Case {
+            name: "capability",
+            steps: vec![
+                st(Root, setup),
+                st(
+                    B,
+                    vec![open("c1", WR, 0, 0), Op::Write(0, 10), Op::Close(0)],
+                ),
+                st(A, vec![chown("c2", KEEP, GS)]),
+                st(B, vec![Op::Truncate(c("c3"), 10)]),
+                st(
+                    Root,
+                    vec![open("c4", WR, 0, 0), Op::Write(0, 10), Op::Close(0)],
+                ),
+                st(Root, vec![chmod("c5", 0o755)]),
+                st(
+                    Root,
+                    vec![get("c1"), get("c2"), get("c3"), get("c4"), get("c5")],
                 ),
             ],
         });
@@ -1153,6 +1201,15 @@ unsafe fn child_ops(ops: &[Op], recs: &mut [Rec], buf: &mut [u8]) {
                 };
                 ret(libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ptr, *f).into())
             }
+            Op::Setxattr(p, n, v) => {
+                ret(libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0).into())
+            }
+            Op::Getxattr(p, n) => ret(libc::lgetxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len().min(65536),
+            ) as i64),
         };
         rec[0] = r;
     }
@@ -1186,6 +1243,7 @@ fn errno_name(e: i64) -> String {
         libc::EROFS => "EROFS",
         libc::ENOSYS => "ENOSYS",
         libc::EBUSY => "EBUSY",
+        libc::ENODATA => "ENODATA",
         _ => return format!("errno {e}"),
     };
     n.to_string()
@@ -1421,6 +1479,12 @@ fn syscalls_match_ext4() {
     let want = run_all(&ext4.mnt, &cases);
     let got = run_all(&m.mnt, &cases);
 
+    // COMPFS_DIFF_SHOW=PREFIX prints both traces of the cases whose keys start with PREFIX.
+    if let Ok(prefix) = std::env::var("COMPFS_DIFF_SHOW") {
+        for (k, v) in want.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+            eprintln!("{k}: ext4 {v} compfs {}", got.get(k).map_or("-", |s| s));
+        }
+    }
     let mut used = vec![false; ALLOWED.len()];
     let mut unexplained = Vec::new();
     let mut explained = 0;

@@ -454,15 +454,16 @@ impl Filesystem for CompFs {
         };
         // Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves the privilege bits to us (fuser does
         // not pass FATTR_KILL_SUIDGID on, so the rules are applied from what the request is):
-        // chown/chgrp, including chown(f, -1, -1), which reaches us as a setattr of ctime
-        // alone (nothing else sends one), and truncate.
-        let chown = uid.is_some()
-            || gid.is_some()
-            || (set.ctime.is_some()
-                && mode.is_none()
-                && size.is_none()
-                && atime.is_none()
-                && mtime.is_none());
+        // chown/chgrp, and truncate. A setattr of nothing but (perhaps) ctime is what is left
+        // of a notify_change whose only business was ATTR_CTIME and ATTR_KILL_* (fuse_setattr
+        // drops the kill bits): chown(f, -1, -1), or the privilege kill before an unprivileged
+        // write or truncate, whose rules are the same for a caller without CAP_FSETID.
+        let bare = mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none();
+        let chown = uid.is_some() || gid.is_some() || bare;
+        if bare && set.ctime.is_none() {
+            // Non-regular files: the kernel keeps no ctime of its own for them.
+            set.ctime = Some(Timestamp::now());
+        }
         let mut changes = Vec::new();
         if chown {
             changes.push(Change::Chown);
