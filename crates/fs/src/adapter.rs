@@ -24,6 +24,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::atime::{AtimeMode, AtimePolicy};
 use crate::privilege::{self, Caller, Change};
 use crate::report;
 
@@ -50,6 +51,8 @@ pub struct CompFs {
     /// opendir, renewed when reading starts over at offset 0, as after rewinddir).
     dir_ends: Mutex<HashMap<u64, u64>>,
     next_dir_fh: AtomicU64,
+    /// When reads, readdirs and readlinks update atime (mount options).
+    atime: AtimePolicy,
 }
 
 impl std::fmt::Debug for CompFs {
@@ -65,6 +68,42 @@ impl CompFs {
             corrupt_logged: Mutex::new(HashSet::new()),
             dir_ends: Mutex::new(HashMap::new()),
             next_dir_fh: AtomicU64::new(1),
+            atime: AtimePolicy::default(),
+        }
+    }
+
+    /// Sets the mount's atime rules (`relatime` by default).
+    pub fn with_atime(mut self, atime: AtimePolicy) -> CompFs {
+        self.atime = atime;
+        self
+    }
+
+    /// An access of `ino` (READ, READDIR, READLINK: the kernel leaves atime to us, see
+    /// [`crate::atime`]): stamps atime when the mount's rules say so. ctime stays. Never fails
+    /// the access.
+    fn accessed(&self, ino: Ino) {
+        if self.atime.mode == AtimeMode::Never {
+            return;
+        }
+        let Ok(a) = self.store.getattr(ino) else {
+            return;
+        };
+        let now = Timestamp::now();
+        if !self
+            .atime
+            .due(a.kind == FileKind::Dir, a.atime, a.mtime, a.ctime, now)
+        {
+            return;
+        }
+        let set = SetAttr {
+            atime: Some(StoreTime::Time(now)),
+            ctime: Some(a.ctime),
+            ..SetAttr::default()
+        };
+        if let Err(e) = self.store.setattr(ino, &set) {
+            if e.errno() != libc::EROFS {
+                tracing::debug!("atime of inode {ino} not updated: {e}");
+            }
         }
     }
 
@@ -500,7 +539,11 @@ impl Filesystem for CompFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.store.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
+            Ok(t) => {
+                // Before the reply: the kernel refetches atime as soon as it has it.
+                self.accessed(ino.0);
+                reply.data(&t);
+            }
             Err(e) => reply.error(self.err(&e)),
         }
     }
@@ -639,7 +682,10 @@ impl Filesystem for CompFs {
                 buf.resize(size, 0);
             }
             match self.store.read(ino.0, offset, &mut buf[..size]) {
-                Ok(n) => reply.data(&buf[..n.min(size)]),
+                Ok(n) => {
+                    self.accessed(ino.0);
+                    reply.data(&buf[..n.min(size)]);
+                }
                 Err(e) => reply.error(self.err(&e)),
             }
         });
@@ -768,6 +814,9 @@ impl Filesystem for CompFs {
                 OsStr::from_bytes(&e.name),
             ))
         });
+        if r.is_ok() {
+            self.accessed(ino.0);
+        }
         self.finish(r, reply)
     }
 
@@ -799,6 +848,9 @@ impl Filesystem for CompFs {
                 Generation(0),
             ))
         });
+        if r.is_ok() {
+            self.accessed(ino.0);
+        }
         self.finish(r, reply)
     }
 

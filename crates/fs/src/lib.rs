@@ -4,6 +4,7 @@
 //! (virtual xattrs) on top.
 
 pub mod adapter;
+pub mod atime;
 pub mod error;
 pub mod mount;
 pub mod options;

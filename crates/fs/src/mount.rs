@@ -193,7 +193,7 @@ pub fn serve(
     // the kernel does not wait for a FUSE daemon when unmounting.
     let _serving = hold_serving_lock(store_dir);
     let store = Arc::new(store);
-    let fs = CompFs::new(store.clone());
+    let fs = CompFs::new(store.clone()).with_atime(o.atime);
     let cfg = fuse_config(store_dir, o);
     let mut session = Session::new(fs, mountpoint, &cfg).map_err(|source| MountError::Fuse {
         path: mountpoint.to_path_buf(),

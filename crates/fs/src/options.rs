@@ -7,6 +7,7 @@
 
 use compfs_codec::{bare_compress, CodecSpec, LevelAdjustment, Mode};
 
+use crate::atime::{AtimeMode, AtimePolicy};
 use crate::error::OptionError;
 
 /// Default size of the decompressed-extent cache (issue 5: 64 MiB).
@@ -52,6 +53,8 @@ pub struct MountOptions {
     /// Kernel mount flags passed through to the FUSE mount (`noexec`, `nosuid`, `nodev`,
     /// `noatime`, ...).
     pub flags: Vec<KernelFlag>,
+    /// `relatime` (default), `strictatime`, `noatime`, `nodiratime`: when reads update atime.
+    pub atime: AtimePolicy,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
 }
@@ -83,6 +86,7 @@ impl Default for MountOptions {
             fuse_threads: default_fuse_threads(),
             readahead: DEFAULT_READAHEAD,
             flags: Vec::new(),
+            atime: AtimePolicy::default(),
             warnings: Vec::new(),
         }
     }
@@ -100,10 +104,6 @@ const IGNORED: &[&str] = &[
     "group",
     "_netdev",
     "nofail",
-    "relatime",
-    "norelatime",
-    "strictatime",
-    "nostrictatime",
     "lazytime",
     "nolazytime",
     "default_permissions",
@@ -151,7 +151,7 @@ const BTRFS_ONLY: &[&str] = &[
 pub const VALID_OPTIONS: &str =
     "compress, compress=ALG[:LEVEL], compress=no, compress-force[=ALG[:LEVEL]], \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
-nodev, nosuid, noexec, noatime, dirsync, sync";
+nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -225,8 +225,20 @@ impl MountOptions {
             ("nosuid", None) => self.flags.push(KernelFlag::NoSuid),
             ("exec", None) => self.flags.push(KernelFlag::Exec),
             ("noexec", None) => self.flags.push(KernelFlag::NoExec),
-            ("atime", None) => self.flags.push(KernelFlag::Atime),
-            ("noatime", None) => self.flags.push(KernelFlag::NoAtime),
+            ("atime", None) => {
+                self.flags.push(KernelFlag::Atime);
+                if self.atime.mode == AtimeMode::Never {
+                    self.atime.mode = AtimeMode::Relatime;
+                }
+            }
+            ("noatime", None) => {
+                self.flags.push(KernelFlag::NoAtime);
+                self.atime.mode = AtimeMode::Never;
+            }
+            ("relatime" | "nostrictatime", None) => self.atime.mode = AtimeMode::Relatime,
+            ("strictatime" | "norelatime", None) => self.atime.mode = AtimeMode::Strict,
+            ("nodiratime", None) => self.atime.nodiratime = true,
+            ("diratime", None) => self.atime.nodiratime = false,
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
             (k, _) if IGNORED.contains(&k) => {}
@@ -470,5 +482,25 @@ mod tests {
             parse("compress=no").unwrap().describe(),
             "compress=no,rw,cache=65536K"
         );
+    }
+
+    #[test]
+    fn atime_options() {
+        assert_eq!(parse("").unwrap().atime, AtimePolicy::default());
+        assert_eq!(parse("relatime").unwrap().atime.mode, AtimeMode::Relatime);
+        assert_eq!(parse("strictatime").unwrap().atime.mode, AtimeMode::Strict);
+        let o = parse("noatime,nodiratime").unwrap();
+        assert_eq!(o.atime.mode, AtimeMode::Never);
+        assert!(o.atime.nodiratime);
+        assert!(o.flags.contains(&KernelFlag::NoAtime));
+        assert_eq!(
+            parse("noatime,atime").unwrap().atime.mode,
+            AtimeMode::Relatime
+        );
+        assert_eq!(
+            parse("noatime,relatime").unwrap().atime.mode,
+            AtimeMode::Relatime
+        );
+        assert!(!parse("nodiratime,diratime").unwrap().atime.nodiratime);
     }
 }
