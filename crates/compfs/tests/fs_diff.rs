@@ -96,6 +96,8 @@ enum Op {
     Setxattr(CString, CString, Vec<u8>),
     /// Returns the value's size.
     Getxattr(CString, CString),
+    /// Returns the mount flags statvfs reports (read-only, nosuid, nodev, noexec, atime).
+    Statvfs(CString),
 }
 
 impl Op {
@@ -158,6 +160,7 @@ impl Op {
             Op::Utimens(p, t, f) => format!("utimensat({}, {t:?}, {f:#x})", short(p)),
             Op::Setxattr(p, n, v) => format!("lsetxattr({}, {n:?}, {} bytes)", short(p), v.len()),
             Op::Getxattr(p, n) => format!("lgetxattr({}, {n:?})", short(p)),
+            Op::Statvfs(p) => format!("statvfs({}).f_flag", short(p)),
         }
     }
 }
@@ -539,6 +542,16 @@ fn cases() -> Vec<Case> {
                     Op::Mknod(c("reg"), libc::S_IFREG | 0o4755, 0),
                     Op::Mknod(c("p2"), libc::S_IFIFO | 0o2777, 0),
                     Op::Mkfifo(c("p3"), 0o7777),
+                ],
+            ),
+            // A device node works as its device (unless the mount is nodev).
+            st(
+                Root,
+                vec![
+                    Op::Statvfs(c(".")),
+                    open("chr", WR, 0, 0),
+                    Op::Write(0, 10),
+                    Op::Close(0),
                 ],
             ),
         ],
@@ -1204,6 +1217,22 @@ unsafe fn child_ops(ops: &[Op], recs: &mut [Rec], buf: &mut [u8]) {
             Op::Setxattr(p, n, v) => {
                 ret(libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0).into())
             }
+            Op::Statvfs(p) => {
+                let mut sv: libc::statvfs = std::mem::zeroed();
+                let r = ret(libc::statvfs(p.as_ptr(), &mut sv).into());
+                let mask = libc::ST_RDONLY
+                    | libc::ST_NOSUID
+                    | libc::ST_NODEV
+                    | libc::ST_NOEXEC
+                    | libc::ST_NOATIME
+                    | libc::ST_NODIRATIME
+                    | libc::ST_RELATIME;
+                if r == 0 {
+                    (sv.f_flag & mask) as i64
+                } else {
+                    r
+                }
+            }
             Op::Getxattr(p, n) => ret(libc::lgetxattr(
                 p.as_ptr(),
                 n.as_ptr(),
@@ -1372,6 +1401,13 @@ const ALLOWED: &[Allowed] = &[
                  set by the daemon is ignored while the inode is cached",
     },
     Allowed {
+        case: "mknod/02",
+        key: "",
+        reason: "compfs mounts nodev,nosuid unless given -o dev,suid (root only), the default of \
+                 every libfuse filesystem: a FUSE daemon would otherwise hand out device access \
+                 and setuid binaries; mount_options_match_ext4 checks dev,suid",
+    },
+    Allowed {
         case: "open/06",
         key: "| f atime",
         reason: "read(2) from the page cache: FUSE inodes are S_NOATIME (fuse_iget), reads \
@@ -1458,6 +1494,37 @@ fn atime_options_match_ext4() {
     differential("atime-strict", &atime_cases(), "strictatime", cached);
     differential("atime-noatime", &atime_cases(), "noatime", &[]);
     differential("atime-nodiratime", &atime_cases(), "nodiratime", cached);
+}
+
+/// Kernel mount flags given to both: devices open on `dev`, not on `nodev`.
+#[test]
+fn mount_options_match_ext4() {
+    let cases = || {
+        vec![Case {
+            name: "flags",
+            steps: vec![
+                st(
+                    Who::Root,
+                    vec![Op::Mknod(
+                        c("null"),
+                        libc::S_IFCHR | 0o666,
+                        libc::makedev(1, 3),
+                    )],
+                ),
+                st(
+                    Who::A,
+                    vec![
+                        Op::Statvfs(c(".")),
+                        open("null", WR, 0, 0),
+                        Op::Write(0, 10),
+                        Op::Close(0),
+                    ],
+                ),
+            ],
+        }]
+    };
+    differential("opts-dev", &cases(), "dev,suid", &[]);
+    differential("opts-nodev", &cases(), "nodev,nosuid,noexec", &[]);
 }
 
 fn atime_cases() -> Vec<Case> {
