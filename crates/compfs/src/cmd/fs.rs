@@ -163,7 +163,9 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
     block_termination_signals();
     let store = open_store(&store_dir, &open_options(&opts)).map_err(|e| match e {
         compfs_store::Error::InUse(_) => anyhow!(
-            "store {} is in use (already mounted?); unmount it first",
+            "store {} is in use (already mounted?): a store is served by one mount; to see it \
+             at a second place, bind-mount the first mount point (mount --bind FIRST SECOND), \
+             or unmount it first",
             store_dir.display()
         ),
         e => anyhow!("cannot open store {}: {e}", store_dir.display()),
