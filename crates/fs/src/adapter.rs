@@ -1,7 +1,9 @@
 //! The `fuser::Filesystem` implementation: each request becomes one store call, each store error
 //! its errno ([`compfs_store::Error::errno`]). The only things decided here are FUSE-specific:
 //! cache timeouts, init flags, the setgid-directory group rule (the store takes uid/gid as given),
-//! and the read-only virtual xattrs that report usage and statistics.
+//! what the kernel leaves to a FUSE daemon (the privilege bits, [`crate::privilege`]; atime,
+//! [`crate::atime`]; how far a directory read goes while entries are renamed), and the
+//! read-only virtual xattrs that report usage and statistics.
 
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -429,7 +431,7 @@ impl Filesystem for CompFs {
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
-            // We clear setuid/setgid bits ourselves (see `kill_suidgid`); in exchange the
+            // We clear setuid/setgid bits ourselves (see `crate::privilege`); in exchange the
             // kernel sets SB_NOSEC and stops sending a GETXATTR(security.capability) before
             // every write(2), a quarter of all requests when untarring.
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
