@@ -599,3 +599,77 @@ fn readdir_during_renames_terminates_without_duplicates() {
     }
     assert_eq!(fs::read_dir(&dir).unwrap().count(), N);
 }
+
+/// `name_to_handle_at` / `open_by_handle_at` (NFS export): handles of a file and of a nested
+/// directory still open after an unmount and a remount, when the kernel has nothing cached.
+#[test]
+fn file_handles_survive_a_remount() {
+    require_fuse!();
+    let (_t, m) = setup("handles", "");
+    fs::create_dir_all(m.path("a/b/c")).unwrap();
+    fs::write(m.path("a/b/c/f"), "handled").unwrap();
+    fs::write(m.path("top"), "top").unwrap();
+    // struct file_handle: handle_bytes u32, handle_type i32, then the handle (up to 128 bytes).
+    let handle = |p: &std::path::Path| -> Vec<u8> {
+        let mut buf = vec![0u8; 8 + 128];
+        buf[..4].copy_from_slice(&128u32.to_ne_bytes());
+        let mut mount_id: i32 = 0;
+        let cp = cstr(p);
+        // SAFETY: valid path, buffer of handle_bytes + 8, out pointer.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_name_to_handle_at,
+                libc::AT_FDCWD,
+                cp.as_ptr(),
+                buf.as_mut_ptr(),
+                &mut mount_id,
+                0,
+            )
+        };
+        assert_eq!(r, 0, "name_to_handle_at {}: errno {}", p.display(), errno());
+        buf
+    };
+    let hf = handle(&m.path("a/b/c/f"));
+    let hd = handle(&m.path("a/b/c"));
+    let ht = handle(&m.path("top"));
+    let store = m.store.clone();
+    let mnt = m.mnt.clone();
+    assert!(m.unmount().success());
+    let m = Mount::new(&store, &mnt, "");
+    let root = File::open(&m.mnt).unwrap();
+    let open = |h: &[u8], flags: i32| -> Result<File, i32> {
+        // SAFETY: a handle filled by name_to_handle_at; the root directory's descriptor.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                root.as_raw_fd(),
+                h.as_ptr(),
+                flags,
+            )
+        };
+        if fd < 0 {
+            Err(errno())
+        } else {
+            // SAFETY: a descriptor we own.
+            Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+        }
+    };
+    // The directory first, while nothing below the root is cached: its path is rebuilt
+    // through "..".
+    let d = open(&hd, libc::O_RDONLY | libc::O_DIRECTORY).expect("directory handle");
+    let mut names: Vec<String> = fs::read_dir(format!("/proc/self/fd/{}", d.as_raw_fd()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f"]);
+    let mut s = String::new();
+    open(&hf, libc::O_RDONLY)
+        .expect("file handle")
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s, "handled");
+    // A removed file's handle is stale.
+    fs::remove_file(m.path("top")).unwrap();
+    assert_eq!(open(&ht, libc::O_RDONLY).err(), Some(libc::ESTALE));
+}

@@ -434,7 +434,11 @@ impl Filesystem for CompFs {
             // We clear setuid/setgid bits ourselves (see `crate::privilege`); in exchange the
             // kernel sets SB_NOSEC and stops sending a GETXATTR(security.capability) before
             // every write(2), a quarter of all requests when untarring.
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // File handles (open_by_handle_at, NFS export) of inodes the kernel no longer
+            // caches: it looks them up as "." (and their parents as ".."), see `lookup`.
+            // Inode numbers are never reused, so generation 0 keeps handles unambiguous.
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         let supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!("kernel refused FUSE capabilities {missing:?}");
@@ -456,6 +460,11 @@ impl Filesystem for CompFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        // "." of any inode, not only of directories: how the kernel resolves a file handle
+        // (fuse_get_dentry) when the inode is not in its cache.
+        if name(n) == b"." {
+            return self.entry(self.store.getattr(parent.0), reply);
+        }
         self.entry(self.store.lookup(parent.0, name(n)), reply)
     }
 
