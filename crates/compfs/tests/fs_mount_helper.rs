@@ -170,6 +170,48 @@ fn mount_t_fuse_compfs_fstab_and_umount() {
     fs::write(mnt.join("g"), text_bytes(300 << 10, 6)).unwrap();
     let (ok, out, _) = compfs(&["usage", "-b", mnt.join("g").to_str().unwrap()]);
     assert!(ok && out.lines().any(|l| l.starts_with("lzo ")), "{out}");
+
+    // mount -o remount,ro / remount,rw (issue 13): read-only refuses every change with EROFS,
+    // an open file stays readable, the other flags (nosuid, nodev) stay
+    let remount = |how: &str| {
+        let o = Command::new("mount")
+            .args(["-o", &format!("remount,{how}")])
+            .arg(&mnt)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "mount -o remount,{how}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let flags = |p: &Path| {
+        let c = cstr(p);
+        // SAFETY: statvfs is plain data; valid path.
+        let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
+        sv.f_flag
+    };
+    let open_file = fs::File::open(mnt.join("f")).unwrap();
+    remount("ro");
+    let f = flags(&mnt);
+    assert_ne!(f & libc::ST_RDONLY, 0);
+    assert_ne!(f & libc::ST_NOSUID, 0, "remount lost nosuid");
+    assert_ne!(f & libc::ST_NODEV, 0, "remount lost nodev");
+    let erofs = |r: std::io::Result<()>| {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    };
+    erofs(fs::write(mnt.join("new"), "x"));
+    erofs(fs::write(mnt.join("f"), "x"));
+    erofs(fs::remove_file(mnt.join("g")));
+    erofs(fs::create_dir(mnt.join("d")));
+    assert_eq!(std::io::Read::bytes(&open_file).count(), data.len());
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), data);
+    remount("rw");
+    assert_eq!(flags(&mnt) & libc::ST_RDONLY, 0);
+    fs::write(mnt.join("new"), "x").unwrap();
+    fs::remove_file(mnt.join("new")).unwrap();
+    drop(open_file);
     umount_and_wait(&mnt, &store);
 
     // bad options fail the mount with a clear message and leave nothing mounted

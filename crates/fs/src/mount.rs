@@ -298,6 +298,106 @@ pub fn wait_until_closed(store_dir: &Path, timeout: Duration) -> std::io::Result
     }
 }
 
+/// The `mount(2)` flags of `mount -o remount,OPTS` for a mount whose `statvfs` flags are
+/// `current`: what the options name changes, everything else stays (a remount replaces all
+/// per-mount flags, so leaving out `nosuid` would switch setuid on). Other options are
+/// ignored (they stay as mounted).
+pub fn remount_flags(current: u64, opts: &[&str]) -> libc::c_ulong {
+    let keep = [
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ];
+    let mut flags = libc::MS_REMOUNT;
+    for (st, ms) in keep {
+        if current & st != 0 {
+            flags |= ms;
+        }
+    }
+    for o in opts {
+        let (set, clear) = match *o {
+            "ro" => (libc::MS_RDONLY, 0),
+            "rw" => (0, libc::MS_RDONLY),
+            "nosuid" => (libc::MS_NOSUID, 0),
+            "suid" => (0, libc::MS_NOSUID),
+            "nodev" => (libc::MS_NODEV, 0),
+            "dev" => (0, libc::MS_NODEV),
+            "noexec" => (libc::MS_NOEXEC, 0),
+            "exec" => (0, libc::MS_NOEXEC),
+            "sync" => (libc::MS_SYNCHRONOUS, 0),
+            "async" => (0, libc::MS_SYNCHRONOUS),
+            "noatime" => (libc::MS_NOATIME, 0),
+            "atime" => (0, libc::MS_NOATIME),
+            "nodiratime" => (libc::MS_NODIRATIME, 0),
+            "diratime" => (0, libc::MS_NODIRATIME),
+            "relatime" => (libc::MS_RELATIME, libc::MS_STRICTATIME),
+            "strictatime" => (libc::MS_STRICTATIME, libc::MS_RELATIME),
+            // Everything else mount(8) passes along again (the FUSE options of the
+            // superblock, user_id=, allow_other, and the options it recorded at mount time,
+            // compress= included) stays as mounted: the daemon's options do not change.
+            _ => (0, 0),
+        };
+        flags = (flags | set) & !clear;
+    }
+    flags
+}
+
+/// `mount -o remount,...` of the compfs mount at `mountpoint` (through `mount.fuse.compfs`):
+/// changes ro/rw and the kernel's per-mount flags (compfs's own options stay as mounted).
+/// Before going read-only everything is made
+/// durable (fsync of the root is a store sync); the kernel then refuses every modifying call
+/// with EROFS while open files stay readable. A store mounted `ro` was opened read-only: after
+/// `remount,rw` its writes still fail with EROFS (unmount and mount it rw).
+pub fn remount(mountpoint: &Path, lists: &[String]) -> Result<(), MountError> {
+    let fail = |detail: String| MountError::MountPoint {
+        path: mountpoint.to_path_buf(),
+        detail,
+    };
+    if mounted_store(mountpoint).is_none() {
+        return Err(fail("not a compfs mount".into()));
+    }
+    let opts: Vec<&str> = lists
+        .iter()
+        .flat_map(|l| l.split(','))
+        .map(str::trim)
+        .filter(|o| *o != "remount")
+        .collect();
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| fail("path contains a NUL byte".into()))?;
+    // SAFETY: statvfs is plain data filled by the call.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut sv) } != 0 {
+        return Err(fail(format!("statvfs: {}", io::Error::last_os_error())));
+    }
+    let flags = remount_flags(sv.f_flag, &opts);
+    if flags & libc::MS_RDONLY != 0 {
+        // Everything written so far becomes durable before the mount turns read-only.
+        let root = std::fs::File::open(mountpoint).map_err(|e| fail(format!("open: {e}")))?;
+        root.sync_all()
+            .map_err(|e| fail(format!("sync before remount: {e}")))?;
+    }
+    // SAFETY: valid C string; a remount takes no source, type or data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            path.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(fail(format!("remount: {}", io::Error::last_os_error())));
+    }
+    Ok(())
+}
+
 /// The store served by the compfs mount at `mountpoint` (from the mount source `compfs:STORE`
 /// in /proc/self/mountinfo), if it is one.
 pub fn mounted_store(mountpoint: &Path) -> Option<PathBuf> {
@@ -415,5 +515,22 @@ mod tests {
         assert_eq!(c.acl, SessionACL::Owner);
         let oo = open_options(&MountOptions::parse(&["cache=1M,threads=3"]).unwrap());
         assert_eq!((oo.cache_bytes, oo.threads), (1 << 20, 3));
+    }
+
+    #[test]
+    fn remount_keeps_the_flags_it_is_not_told_to_change() {
+        let cur = libc::ST_NOSUID | libc::ST_NODEV | libc::ST_RELATIME;
+        let f = remount_flags(cur, &["ro", "user_id=0", "compress=zstd"]);
+        assert_eq!(
+            f,
+            libc::MS_REMOUNT
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_RELATIME
+        );
+        let f = remount_flags(cur | libc::ST_RDONLY, &["rw", "dev"]);
+        assert_eq!(f, libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_RELATIME);
+        assert_eq!(remount_flags(0, &[]), libc::MS_REMOUNT);
     }
 }

@@ -283,6 +283,17 @@ pub fn mount_helper(args: Vec<String>) -> Result<ExitCode> {
             _ => positional.push(PathBuf::from(a)),
         }
     }
+    // mount -o remount,...: the mount exists; only its flags change.
+    if options
+        .iter()
+        .any(|l| l.split(',').any(|o| o.trim() == "remount"))
+    {
+        let mountpoint = positional
+            .last()
+            .ok_or_else(|| anyhow!("usage: mount.fuse.compfs STORE MOUNTPOINT -o remount,..."))?;
+        compfs_fs::mount::remount(mountpoint, &options)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let [store, mountpoint]: [PathBuf; 2] = positional.try_into().map_err(|_| {
         anyhow!("usage: mount.fuse.compfs STORE MOUNTPOINT [-o OPTIONS] (called by mount -t fuse.compfs)")
     })?;
