@@ -1425,6 +1425,10 @@ struct Ext4 {
 
 impl Ext4 {
     fn new(dir: &Path, opts: &str) -> Result<Ext4, String> {
+        // One loop-device setup at a time: the tests of this file run in parallel, and
+        // concurrent `mount -o loop` calls can race for the same free loop device.
+        static LOOP_SETUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _g = LOOP_SETUP.lock().unwrap_or_else(|p| p.into_inner());
         let img = dir.join("ext4.img");
         let f = std::fs::File::create(&img).map_err(|e| e.to_string())?;
         f.set_len(128 << 20).map_err(|e| e.to_string())?;
