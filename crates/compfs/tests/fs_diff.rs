@@ -11,7 +11,9 @@
 //! difference fails the test unless [`ALLOWED`] names it with the kernel reason it cannot be
 //! fixed in the daemon, and an [`ALLOWED`] entry that matches nothing fails it too.
 //!
-//! `COMPFS_DIFF_SHOW=CASE` prints what both filesystems did in that case.
+//! `COMPFS_DIFF_SHOW=CASE` prints what both filesystems did in that case;
+//! `COMPFS_DIFF_KERNEL_FS=btrfs` compares with btrfs instead of ext4 (by hand: the allow-list is
+//! ext4's).
 //!
 //! Needs root and a loop device (CI runs as root); skipped with a printed reason otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1418,34 +1420,41 @@ const ALLOWED: &[Allowed] = &[
 
 // ---- the filesystems ------------------------------------------------------------------------
 
-/// A kernel ext4 on a sparse loop image; unmounted (and its loop device freed) on drop.
-struct Ext4 {
+/// A kernel filesystem (ext4) on a sparse loop image; unmounted (and its loop device freed)
+/// on drop.
+struct KernelFs {
     mnt: PathBuf,
+    fstype: String,
 }
 
-impl Ext4 {
-    fn new(dir: &Path, opts: &str) -> Result<Ext4, String> {
+impl KernelFs {
+    fn new(dir: &Path, opts: &str) -> Result<KernelFs, String> {
         // One loop-device setup at a time: the tests of this file run in parallel, and
         // concurrent `mount -o loop` calls can race for the same free loop device.
         static LOOP_SETUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _g = LOOP_SETUP.lock().unwrap_or_else(|p| p.into_inner());
-        let img = dir.join("ext4.img");
+        // COMPFS_DIFF_KERNEL_FS=btrfs compares with btrfs instead (not in CI: the allow-list
+        // is ext4's), e.g. to check what docs/kernel-features.md says of btrfs.
+        let fstype = std::env::var("COMPFS_DIFF_KERNEL_FS").unwrap_or_else(|_| "ext4".into());
+        let img = dir.join(format!("{fstype}.img"));
         let f = std::fs::File::create(&img).map_err(|e| e.to_string())?;
-        f.set_len(128 << 20).map_err(|e| e.to_string())?;
+        f.set_len(256 << 20).map_err(|e| e.to_string())?;
         drop(f);
-        // 256-byte inodes: nanosecond time stamps (a small image would get 128-byte ones).
-        let o = Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-b", "4096", "-I", "256"])
-            .arg(&img)
-            .output()
-            .map_err(|e| format!("mkfs.ext4: {e}"))?;
+        let mkfs = format!("mkfs.{fstype}");
+        let mut cmd = Command::new(&mkfs);
+        match fstype.as_str() {
+            // 256-byte inodes: nanosecond time stamps (a small image would get 128-byte ones).
+            "ext4" => cmd.args(["-q", "-F", "-b", "4096", "-I", "256"]),
+            _ => cmd.args(["-q", "-f"]),
+        };
+        let o = cmd.arg(&img).output().map_err(|e| format!("{mkfs}: {e}"))?;
         if !o.status.success() {
-            return Err(format!("mkfs.ext4: {}", String::from_utf8_lossy(&o.stderr)));
+            return Err(format!("{mkfs}: {}", String::from_utf8_lossy(&o.stderr)));
         }
-        let mnt = dir.join("ext4");
+        let mnt = dir.join("kernelfs");
         std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
         let o = Command::new("mount")
-            .args(["-t", "ext4", "-o", &format!("loop{opts}")])
+            .args(["-t", &fstype, "-o", &format!("loop{opts}")])
             .arg(&img)
             .arg(&mnt)
             .output()
@@ -1456,11 +1465,11 @@ impl Ext4 {
                 String::from_utf8_lossy(&o.stderr)
             ));
         }
-        Ok(Ext4 { mnt })
+        Ok(KernelFs { mnt, fstype })
     }
 }
 
-impl Drop for Ext4 {
+impl Drop for KernelFs {
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while is_mounted(&self.mnt) {
@@ -1590,7 +1599,8 @@ fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
         .filter(|o| !o.is_empty())
         .map(|o| format!(",{o}"))
         .collect();
-    let ext4 = Ext4::new(t.path(), &ext4_opts).unwrap_or_else(|e| panic!("ext4 loop mount: {e}"));
+    let mut ext4 = KernelFs::new(t.path(), &ext4_opts)
+        .unwrap_or_else(|e| panic!("kernel filesystem loop mount: {e}"));
     let store = t.path().join("store");
     mkstore(&store, "zstd:1", Mode::Heuristic, 128 << 10);
     let m = Mount::new(
@@ -1605,7 +1615,11 @@ fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
     // COMPFS_DIFF_SHOW=PREFIX prints both traces of the cases whose keys start with PREFIX.
     if let Ok(prefix) = std::env::var("COMPFS_DIFF_SHOW") {
         for (k, v) in want.iter().filter(|(k, _)| k.starts_with(&prefix)) {
-            eprintln!("{k}: ext4 {v} compfs {}", got.get(k).map_or("-", |s| s));
+            eprintln!(
+                "{k}: {} {v} compfs {}",
+                ext4.fstype,
+                got.get(k).map_or("-", |s| s)
+            );
         }
     }
     let mut used = vec![false; allowed.len()];
@@ -1632,7 +1646,8 @@ fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
             }
         }
         let line = format!(
-            "{k}: ext4 {} compfs {}",
+            "{k}: {} {} compfs {}",
+            ext4.fstype,
             a.map_or("-", |s| s),
             b.map_or("-", |s| s)
         );
@@ -1655,6 +1670,7 @@ fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
         .map(|(a, _)| format!("{} / {}", a.case, a.key))
         .collect();
     drop(m);
+    let fstype = std::mem::take(&mut ext4.fstype);
     drop(ext4);
     eprintln!(
         "fs_diff {tag}: {} observations, {} allowed differences, {} unexplained, {:.1} s",
@@ -1665,7 +1681,7 @@ fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
     );
     assert!(
         unexplained.is_empty(),
-        "{} differences from ext4:\n{}",
+        "{} differences from {fstype}:\n{}",
         unexplained.len(),
         unexplained.join("\n")
     );
