@@ -962,6 +962,51 @@ fn cases() -> Vec<Case> {
         });
     }
 
+    // Less common calls: O_TMPFILE, RENAME_WHITEOUT, user xattrs on files, symlinks and
+    // fifos (the kernel refuses user.* on symlinks and special files), xattr limits.
+    v.push(Case {
+        name: "misc",
+        steps: vec![
+            st(
+                Root,
+                cat(vec![
+                    setup_file("f", 0o644, UA, UA, 10),
+                    vec![
+                        symlink("f", "l"),
+                        Op::Lchown(c("l"), UA, UA),
+                        Op::Mkfifo(c("p"), 0o666),
+                        chown("p", UA, UA),
+                        mkdir("d", 0o777),
+                    ],
+                ]),
+            ),
+            st(
+                Root,
+                vec![
+                    open("d", libc::O_TMPFILE | RW, 0o600, 0),
+                    Op::Write(0, 10),
+                    Op::Close(0),
+                ],
+            ),
+            st(
+                A,
+                vec![
+                    Op::Setxattr(c("f"), c("user.k"), b"v".to_vec()),
+                    Op::Getxattr(c("f"), c("user.k")),
+                    Op::Setxattr(c("l"), c("user.k"), b"v".to_vec()),
+                    Op::Setxattr(c("p"), c("user.k"), b"v".to_vec()),
+                    Op::Setxattr(c("f"), c("trusted.k"), b"v".to_vec()),
+                    Op::Setxattr(c("f"), c(format!("user.{}", "k".repeat(251))), vec![1]),
+                    Op::Setxattr(c("f"), c("user.big"), vec![7; 70000]),
+                ],
+            ),
+            st(
+                Root,
+                vec![Op::Rename(c("f"), c("g"), libc::RENAME_WHITEOUT)],
+            ),
+        ],
+    });
+
     // A directory open while another is renamed over it, or removed (issue 13).
     v.push(Case {
         name: "dir_replaced_while_open",
@@ -1408,6 +1453,18 @@ const ALLOWED: &[Allowed] = &[
         reason: "compfs mounts nodev,nosuid unless given -o dev,suid (root only), the default of \
                  every libfuse filesystem: a FUSE daemon would otherwise hand out device access \
                  and setuid binaries; mount_options_match_ext4 checks dev,suid",
+    },
+    Allowed {
+        case: "misc/01 Root op0",
+        key: "",
+        reason: "O_TMPFILE: not done; fuser 0.18 does not dispatch FUSE_TMPFILE, so the kernel \
+                 gets ENOSYS and returns EOPNOTSUPP (as on filesystems without tmpfile)",
+    },
+    Allowed {
+        case: "misc/03",
+        key: "",
+        reason: "RENAME_WHITEOUT: not done (EINVAL); a whiteout must be created atomically with \
+                 the rename, which the store cannot yet; only overlayfs upper layers use it",
     },
     Allowed {
         case: "open/06",
