@@ -13,9 +13,10 @@
 //! - chmod by a caller neither in the file's group nor holding CAP_FSETID drops S_ISGID; the
 //!   kernel does that before the request reaches us (`setattr_prepare`), so it is not here.
 //!
-//! FUSE passes the caller's uid, gid and pid only; its supplementary groups and capabilities
-//! come from `/proc/PID/status` (read only when the file has a bit to lose). If that process is
-//! gone, uid 0 stands in for CAP_FSETID and the primary gid for the groups.
+//! FUSE passes the caller's uid, gid and pid only (the pid as the daemon's pid namespace sees
+//! it); its supplementary groups and capabilities come from `/proc/PID/status` (read only when
+//! the file has a bit to lose). If that process is gone, or the daemon cannot see it, uid 0
+//! stands in for CAP_FSETID and the primary gid for the groups.
 
 use compfs_store::FileKind;
 
