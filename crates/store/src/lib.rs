@@ -26,20 +26,31 @@
 
 mod attrs;
 pub mod backend;
+mod background;
 mod cache;
-mod data;
+mod encode;
 mod error;
+mod file;
+mod fileops;
+mod flush;
 pub mod format;
 mod fsck;
 mod gc;
 mod meta;
 mod namespace;
+mod open;
 mod pool;
+mod read;
+mod segment;
+mod stats;
 mod store;
+mod txn;
 mod types;
+mod writeback;
 
 pub use compfs_codec::{CodecSpec, Mode};
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckProblem, FsckReport, ProblemKind};
-pub use store::{uuid_string, Store, Tuning};
+pub use open::uuid_string;
+pub use store::{Store, Tuning};
 pub use types::*;

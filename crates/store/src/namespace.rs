@@ -7,10 +7,10 @@ use compfs_codec::CodecSpec;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::attrs::AttrPatch;
-use crate::data::inode_in;
 use crate::error::{Error, Result};
 use crate::format::{DirentRec, InodeRec};
 use crate::meta::{self, dec, W};
+use crate::read::inode_in;
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
@@ -323,7 +323,7 @@ impl Store {
             return Err(Error::InvalidArgument("not a symlink".into()));
         }
         match &r.inline {
-            Some(i) => crate::data::decode_inline(ino, i),
+            Some(i) => crate::read::decode_inline(ino, i),
             None => Err(meta::corrupt(format!("symlink {ino} has no target"))),
         }
     }
