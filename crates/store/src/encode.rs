@@ -12,6 +12,7 @@ use crate::file::*;
 use crate::format::Inline;
 use crate::meta::{self};
 use crate::read::*;
+use crate::span;
 use crate::store::{lock, Inner};
 use crate::types::*;
 
@@ -275,14 +276,14 @@ impl Inner {
                 continue;
             };
             let src = Arc::new(src);
-            let len = (d.size - b * e).min(e) as usize;
+            let len = span::block_len_in_file(d.size, b, e);
             let inline = inline_ok && b == 0;
             jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
                 (encode_block(enc, &policy, b, &src[..len], inline), src)
             }));
         }
         for (&b, p) in &d.partial {
-            let blen = (d.size.saturating_sub(b * e)).min(e) as usize;
+            let blen = span::block_len_in_file(d.size, b, e);
             for &(rs, re) in &p.ranges {
                 let re = re.min(blen);
                 if rs >= re {

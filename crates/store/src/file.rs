@@ -14,6 +14,7 @@ use crate::flush::*;
 use crate::format::InodeRec;
 use crate::meta::{self};
 use crate::read::*;
+use crate::span;
 use crate::store::{lock, Inner};
 use crate::types::*;
 
@@ -27,31 +28,15 @@ pub(crate) struct Partial {
 
 impl Partial {
     pub(crate) fn add(&mut self, s: usize, e: usize) {
-        let mut v = Vec::with_capacity(self.ranges.len() + 1);
-        let (mut s, mut e) = (s, e);
-        for &(a, b) in &self.ranges {
-            if b < s || a > e {
-                v.push((a, b));
-            } else {
-                s = s.min(a);
-                e = e.max(b);
-            }
-        }
-        v.push((s, e));
-        v.sort_unstable();
-        self.ranges = v;
+        span::range_insert(&mut self.ranges, s, e);
     }
     pub(crate) fn covered(&self) -> usize {
-        self.ranges.iter().map(|(a, b)| b - a).sum()
+        span::range_covered(&self.ranges)
     }
     /// Copies the written ranges of `[off, off + out.len())` (block-relative) into `out`.
     pub(crate) fn overlay(&self, off: usize, out: &mut [u8]) {
-        let end = off + out.len();
-        for &(a, b) in &self.ranges {
-            let (s, e) = (a.max(off), b.min(end));
-            if s < e {
-                out[s - off..e - off].copy_from_slice(&self.data[s..e]);
-            }
+        for (s, e) in span::range_clip(&self.ranges, off, off + out.len()) {
+            out[s - off..e - off].copy_from_slice(&self.data[s..e]);
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::file::*;
 use crate::format::MapRec;
 use crate::meta::{self, dec};
 use crate::read::*;
+use crate::span::{self, PunchSpan};
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
@@ -33,15 +34,10 @@ impl Store {
             if data.is_empty() {
                 return Ok(0);
             }
-            let mut pos = offset;
-            while pos < end {
-                let b = pos / e;
-                let bstart = b * e;
-                let s = (pos - bstart) as usize;
-                let n = ((end - pos) as usize).min(e as usize - s);
-                let whole = s == 0 && n == e as usize;
-                let from = (pos - offset) as usize;
-                let fresh = whole || bstart >= d.base_size;
+            for sp in span::block_spans(offset, data.len() as u64, e) {
+                let (b, s, n, from) = (sp.block, sp.start, sp.len, sp.from);
+                let whole = sp.is_whole(e);
+                let fresh = whole || b * e >= d.base_size;
                 if !fresh && !d.blocks.contains_key(&b) && !d.flying.contains_key(&b) {
                     // A small write into persisted data: remember the range only (no read of
                     // the old extent); flushed as a small extent laid over the old one.
@@ -63,7 +59,6 @@ impl Store {
                         v[s..s + n].copy_from_slice(&data[from..from + n]);
                     }
                 }
-                pos += n as u64;
             }
             d.size = d.size.max(end);
             let now = Timestamp::now();
@@ -92,25 +87,23 @@ impl Store {
         let e = inner.sb.extent_size as u64;
         inner.with_file(ino, |st| {
             let d = inner.ensure_dirty(ino, st)?;
-            let end = offset.saturating_add(len).min(d.size);
-            if offset < end {
-                let mut b = offset / e;
-                while b * e < end {
-                    let (bs, be) = (b * e, (b * e + e).min(d.size));
-                    if offset <= bs && be <= end {
-                        if d.blocks.remove(&b).is_some() || d.partial.remove(&b).is_some() {
-                            inner.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
+            let spans = span::punch_spans(offset, len, d.size, e);
+            if !spans.is_empty() {
+                for sp in spans {
+                    match sp {
+                        PunchSpan::Drop(b) => {
+                            if d.blocks.remove(&b).is_some() || d.partial.remove(&b).is_some() {
+                                inner.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
+                            }
+                            d.punch.push((b * e, b * e + e));
                         }
-                        d.punch.push((bs, bs + e));
-                    } else {
-                        inner.load_block(ino, d, b, false, false)?;
-                        if let Some(v) = d.blocks.get_mut(&b) {
-                            let s = offset.max(bs) - bs;
-                            let t = end.min(be) - bs;
-                            v[s as usize..t as usize].fill(0);
+                        PunchSpan::Zero { block, start, end } => {
+                            inner.load_block(ino, d, block, false, false)?;
+                            if let Some(v) = d.blocks.get_mut(&block) {
+                                v[start..end].fill(0);
+                            }
                         }
                     }
-                    b += 1;
                 }
                 let now = Timestamp::now();
                 d.mtime = now;
@@ -166,10 +159,7 @@ impl Store {
             let (k, m) = r?;
             let m = dec(MapRec::decode(m.value()))?;
             let s = k.value().1;
-            match v.last_mut() {
-                Some(last) if last.1 == s => last.1 = s + m.len as u64,
-                _ => v.push((s, s + m.len as u64)),
-            }
+            span::region_push(&mut v, s, s + m.len as u64);
         }
         Ok((v, rec.size))
     }
@@ -177,33 +167,13 @@ impl Store {
     /// `SEEK_DATA`: the first data at or after `offset` ([`Error::NoData`] if none).
     pub fn seek_data(&self, ino: Ino, offset: u64) -> Result<u64> {
         let (regions, size) = self.data_regions(ino)?;
-        if offset >= size {
-            return Err(Error::NoData);
-        }
-        for (s, e) in regions {
-            if e > offset {
-                return Ok(s.max(offset));
-            }
-        }
-        Err(Error::NoData)
+        span::seek_data(&regions, size, offset).ok_or(Error::NoData)
     }
 
     /// `SEEK_HOLE`: the first hole at or after `offset` (end of file counts as a hole).
     pub fn seek_hole(&self, ino: Ino, offset: u64) -> Result<u64> {
         let (regions, size) = self.data_regions(ino)?;
-        if offset >= size {
-            return Err(Error::NoData);
-        }
-        let mut pos = offset;
-        for (s, e) in regions {
-            if s > pos {
-                break;
-            }
-            if e > pos {
-                pos = e;
-            }
-        }
-        Ok(pos.min(size))
+        span::seek_hole(&regions, size, offset).ok_or(Error::NoData)
     }
 
     /// Makes the file's data and metadata (and everything acknowledged before) durable.
@@ -241,11 +211,11 @@ impl Store {
                 for r in map.range((ino, 0)..=(ino, u64::MAX))? {
                     let (k, m) = r?;
                     let m = dec(MapRec::decode(m.value()))?;
-                    let s = k.value().1;
-                    let last = (s + m.len as u64 - 1) / e;
-                    for b in s / e..=last {
-                        blocks.insert(b);
-                    }
+                    blocks.extend(
+                        span::blocks_of(k.value().1, m.len as u64, e)
+                            .into_iter()
+                            .flatten(),
+                    );
                 }
                 (blocks, rec.size)
             };
@@ -288,7 +258,8 @@ impl Inner {
         let e = self.sb.extent_size as u64;
         let d = self.ensure_dirty(ino, st)?;
         if size < d.size {
-            let keep = size.div_ceil(e);
+            let t = span::truncate_span(size, e);
+            let keep = t.first_gone;
             let gone_p: Vec<u64> = d.partial.range(keep..).map(|(k, _)| *k).collect();
             for b in gone_p {
                 d.partial.remove(&b);
@@ -299,11 +270,10 @@ impl Inner {
                 d.blocks.remove(&b);
                 self.dirty_bytes.fetch_sub(e as usize, Ordering::Relaxed);
             }
-            if size % e != 0 {
-                let b = size / e;
+            if let Some((b, from)) = t.tail {
                 self.load_block(ino, d, b, false, false)?;
                 if let Some(v) = d.blocks.get_mut(&b) {
-                    v[(size % e) as usize..].fill(0);
+                    v[from..].fill(0);
                 }
             }
         }

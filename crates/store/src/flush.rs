@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::file::*;
 use crate::format::{ExtentHeader, ExtentRec, MapRec, EXT_HEADER_LEN};
 use crate::meta::{self, W};
+use crate::span;
 use crate::store::{lock, Inner};
 use crate::types::*;
 
@@ -100,7 +101,7 @@ impl Inner {
             let a = Arc::new(v);
             d.flying.insert(b, a.clone());
             mine.push((b, a.clone()));
-            let len = (d.size - b * e).min(e) as usize;
+            let len = span::block_len_in_file(d.size, b, e);
             let inline = inline_ok && b == 0;
             jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
                 (encode_block(enc, &policy, b, &a[..len], inline), a)

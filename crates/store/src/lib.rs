@@ -42,6 +42,7 @@ mod open;
 mod pool;
 mod read;
 mod segment;
+mod span;
 mod stats;
 mod store;
 mod txn;

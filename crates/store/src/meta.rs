@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::format::{
     DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
 };
+use crate::span;
 use crate::types::{FileKind, Ino};
 
 pub(crate) const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
@@ -352,7 +353,7 @@ impl<'t> W<'t> {
             let (k, v) = r?;
             let m = dec(MapRec::decode(v.value()))?;
             let off = k.value().1;
-            if off + m.len as u64 > start {
+            if off.saturating_add(m.len as u64) > start {
                 out.push((off, m));
             }
         }
@@ -369,30 +370,25 @@ impl<'t> W<'t> {
     pub(crate) fn map_remove_range(&mut self, ino: Ino, start: u64, end: u64) -> Result<i64> {
         let mut disk = 0i64;
         for (off, m) in self.map_overlapping(ino, start, end)? {
-            let e_end = off + m.len as u64;
             self.extmap_mut()?.remove((ino, off))?;
             let mut refs = -1i64;
             let mut kept = 0i64;
-            if off < start {
-                let left = MapRec {
-                    len: (start - off) as u32,
-                    ..m
-                };
-                self.extmap_mut()?
-                    .insert((ino, off), left.encode().as_slice())?;
-                refs += 1;
-                kept += left.len as i64;
-            }
-            if e_end > end {
-                let right = MapRec {
+            // The pieces left are computed by `span::cut`; this only writes them.
+            let whole = span::Piece {
+                file_off: off,
+                ext_offset: m.ext_offset,
+                len: m.len,
+            };
+            for p in span::cut(whole, start, end).into_iter().flatten() {
+                let rec = MapRec {
                     extent: m.extent,
-                    ext_offset: m.ext_offset + (end - off) as u32,
-                    len: (e_end - end) as u32,
+                    ext_offset: p.ext_offset,
+                    len: p.len,
                 };
                 self.extmap_mut()?
-                    .insert((ino, end), right.encode().as_slice())?;
+                    .insert((ino, p.file_off), rec.encode().as_slice())?;
                 refs += 1;
-                kept += right.len as i64;
+                kept += p.len as i64;
             }
             disk += self.extent_adjust(m.extent, refs, kept - m.len as i64)?;
         }

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::file::*;
 use crate::format::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
 use crate::meta::{self, dec};
+use crate::span;
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
@@ -115,21 +116,6 @@ pub(crate) fn damaged(ino: Ino, file_off: u64, xr: &ExtentRec, detail: String) -
     err
 }
 
-/// Zeroes every byte of `buf` outside the (possibly overlapping, unsorted) `written` ranges.
-pub(crate) fn zero_unwritten(buf: &mut [u8], written: &mut [(usize, usize)]) {
-    written.sort_unstable();
-    let mut pos = 0;
-    for &(s, e) in written.iter() {
-        if s > pos {
-            buf[pos..s].fill(0);
-        }
-        pos = pos.max(e);
-    }
-    if pos < buf.len() {
-        buf[pos..].fill(0);
-    }
-}
-
 pub(crate) fn read_dirty(
     inner: &Inner,
     ino: Ino,
@@ -142,14 +128,11 @@ pub(crate) fn read_dirty(
     }
     let n = ((d.size - offset).min(buf.len() as u64)) as usize;
     let e = inner.sb.extent_size as u64;
-    let end = offset + n as u64;
-    let mut pos = offset;
     let mut persisted: Option<(std::sync::RwLockReadGuard<'_, ()>, ReadTransaction)> = None;
-    while pos < end {
-        let b = pos / e;
-        let s = (pos - b * e) as usize;
-        let k = ((end - pos) as usize).min(e as usize - s);
-        let out = &mut buf[(pos - offset) as usize..(pos - offset) as usize + k];
+    for sp in span::block_spans(offset, n as u64, e) {
+        let (b, s, k) = (sp.block, sp.start, sp.len);
+        let pos = offset + sp.from as u64;
+        let out = &mut buf[sp.from..sp.from + k];
         if let Some(v) = d.blocks.get(&b) {
             out.copy_from_slice(&v[s..s + k]);
         } else if let Some(v) = d.flying.get(&b) {
@@ -170,7 +153,6 @@ pub(crate) fn read_dirty(
                 p.overlay(s, out);
             }
         }
-        pos += k as u64;
     }
     Ok(n)
 }
@@ -191,10 +173,10 @@ impl Inner {
         let rec = inode_in(txn, ino)?;
         if let Some(i) = &rec.inline {
             let data = decode_inline(ino, i)?;
-            let (s, e) = (off.min(data.len() as u64), end.min(data.len() as u64));
-            if s < e {
-                buf[..(e - s) as usize].copy_from_slice(&data[s as usize..e as usize]);
-                written.push((0, (e - s) as usize));
+            if let Some((s, e, src)) = span::entry_window(0, data.len() as u32, 0, off, end) {
+                let (dst, n) = ((s - off) as usize, (e - s) as usize);
+                buf[dst..dst + n].copy_from_slice(&data[src as usize..src as usize + n]);
+                written.push((dst, dst + n));
             }
         }
         let map = txn.open_table(meta::EXTMAP)?;
@@ -209,10 +191,9 @@ impl Inner {
             entries.push((k.value().1, dec(MapRec::decode(v.value()))?));
         }
         for (foff, m) in entries {
-            let (s, e) = (foff.max(off), (foff + m.len as u64).min(end));
-            if s >= e {
+            let Some((s, e, src)) = span::entry_window(foff, m.len, m.ext_offset, off, end) else {
                 continue;
-            }
+            };
             let xr = match extents.get(m.extent)? {
                 Some(v) => dec(ExtentRec::decode(v.value()))?,
                 None => {
@@ -236,9 +217,8 @@ impl Inner {
                 continue;
             }
             let data = self.extent_data(m.extent, &xr, ino, s)?;
-            let src = (m.ext_offset as u64 + (s - foff)) as usize;
             let n = (e - s) as usize;
-            if src + n > data.len() {
+            if src + n as u64 > data.len() as u64 {
                 return Err(Error::Corrupt {
                     ino,
                     offset: s,
@@ -247,10 +227,13 @@ impl Inner {
                     detail: "map entry reaches past the end of its extent".into(),
                 });
             }
+            let src = src as usize;
             buf[dst.clone()].copy_from_slice(&data[src..src + n]);
             written.push((dst.start, dst.end));
         }
-        zero_unwritten(buf, &mut written);
+        for (a, b) in span::range_gaps(&mut written, buf.len()) {
+            buf[a..b].fill(0);
+        }
         Ok(())
     }
 
