@@ -83,6 +83,46 @@ pub struct Superblock {
     pub created: i64,
 }
 
+/// Why a segment header, extent header or metadata record could not be decoded. The messages
+/// are those fsck prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// A fixed-size record of the wrong length (or an unknown record version).
+    #[error("{what} record of {len} bytes is malformed")]
+    Malformed { what: &'static str, len: usize },
+    /// A header shorter than its fixed length.
+    #[error("{what} truncated to {len} bytes")]
+    Truncated { what: &'static str, len: usize },
+    #[error("bad {what} magic")]
+    BadMagic { what: &'static str },
+    #[error("{what} checksum mismatch")]
+    BadChecksum { what: &'static str },
+    #[error("unknown codec id {0}")]
+    UnknownCodec(u8),
+    #[error("bad inline codec {0}")]
+    BadInlineCodec(u8),
+    #[error("bad {what} kind {code}")]
+    BadKind { what: &'static str, code: u8 },
+    /// Lengths no extent or inline data can have (see [`MAX_STORED`]).
+    #[error("implausible {what} lengths raw {raw} stored {stored}")]
+    ImplausibleLengths {
+        what: &'static str,
+        raw: usize,
+        stored: usize,
+    },
+    /// An extent-map entry of length 0.
+    #[error("empty extent map entry")]
+    EmptyMapEntry,
+    /// An extent-map entry that reaches past the end of its extent (`raw_len`: the extent's
+    /// length, or the largest an extent can have when the extent is not known).
+    #[error("extent map entry of {len} bytes at extent offset {ext_offset} reaches past the extent's {raw_len} bytes")]
+    MapPastExtent {
+        ext_offset: u32,
+        len: u32,
+        raw_len: u64,
+    },
+}
+
 /// Why a superblock could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SbError {
@@ -188,15 +228,20 @@ impl SegmentHeader {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<SegmentHeader, String> {
+    pub fn decode(b: &[u8]) -> Result<SegmentHeader, DecodeError> {
         if b.len() < SEG_HEADER_LEN as usize {
-            return Err(format!("segment header truncated to {} bytes", b.len()));
+            return Err(DecodeError::Truncated {
+                what: "segment header",
+                len: b.len(),
+            });
         }
         if b[0..8] != SEG_MAGIC {
-            return Err("bad segment magic".into());
+            return Err(DecodeError::BadMagic { what: "segment" });
         }
         if crc32c::crc32c(&b[0..40]) != u32_at(b, 40) {
-            return Err("segment header checksum mismatch".into());
+            return Err(DecodeError::BadChecksum {
+                what: "segment header",
+            });
         }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
@@ -241,15 +286,20 @@ impl ExtentHeader {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<ExtentHeader, String> {
+    pub fn decode(b: &[u8]) -> Result<ExtentHeader, DecodeError> {
         if b.len() < EXT_HEADER_LEN {
-            return Err(format!("extent header truncated to {} bytes", b.len()));
+            return Err(DecodeError::Truncated {
+                what: "extent header",
+                len: b.len(),
+            });
         }
         if u32_at(b, 0) != EXT_MAGIC {
-            return Err("bad extent magic".into());
+            return Err(DecodeError::BadMagic { what: "extent" });
         }
         if crc32c::crc32c(&b[0..44]) != u32_at(b, 44) {
-            return Err("extent header checksum mismatch".into());
+            return Err(DecodeError::BadChecksum {
+                what: "extent header",
+            });
         }
         let h = ExtentHeader {
             codec: b[4],
@@ -262,7 +312,7 @@ impl ExtentHeader {
             crc: u32_at(b, 40),
         };
         if Algorithm::from_id(h.codec).is_none() {
-            return Err(format!("unknown codec id {}", h.codec));
+            return Err(DecodeError::UnknownCodec(h.codec));
         }
         check_lengths("extent", h.raw_len as usize, h.stored_len as usize)?;
         Ok(h)
@@ -276,18 +326,16 @@ pub const MAX_STORED: usize = compfs_codec::MAX_EXTENT + 4096;
 /// Rejects uncompressed and stored lengths no extent or inline data can have: readers size
 /// buffers from them (extent records before the extent header is read), so a damaged value
 /// must not make one allocate gigabytes.
-fn check_lengths(what: &str, raw: usize, stored: usize) -> Result<(), String> {
+fn check_lengths(what: &'static str, raw: usize, stored: usize) -> Result<(), DecodeError> {
     if raw > compfs_codec::MAX_EXTENT || stored > MAX_STORED {
-        return Err(format!(
-            "implausible {what} lengths raw {raw} stored {stored}"
-        ));
+        return Err(DecodeError::ImplausibleLengths { what, raw, stored });
     }
     Ok(())
 }
 
 /// Bad metadata value.
-fn short(what: &str, len: usize) -> String {
-    format!("{what} record of {len} bytes is malformed")
+fn short(what: &'static str, len: usize) -> DecodeError {
+    DecodeError::Malformed { what, len }
 }
 
 /// Inline data kept in an inode record.
@@ -373,11 +421,14 @@ impl InodeRec {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<InodeRec, String> {
+    pub fn decode(b: &[u8]) -> Result<InodeRec, DecodeError> {
         if b.len() < INODE_FIXED || b[0] != 1 {
             return Err(short("inode", b.len()));
         }
-        let kind = FileKind::from_code(b[1]).ok_or_else(|| format!("bad inode kind {}", b[1]))?;
+        let kind = FileKind::from_code(b[1]).ok_or(DecodeError::BadKind {
+            what: "inode",
+            code: b[1],
+        })?;
         let inline = if b[104] == 0xff {
             if b.len() != INODE_FIXED {
                 return Err(short("inode", b.len()));
@@ -385,7 +436,7 @@ impl InodeRec {
             None
         } else {
             if Algorithm::from_id(b[104]).is_none() {
-                return Err(format!("bad inline codec {}", b[104]));
+                return Err(DecodeError::BadInlineCodec(b[104]));
             }
             check_lengths("inline", u32_at(b, 108) as usize, b.len() - INODE_FIXED)?;
             Some(Inline {
@@ -431,13 +482,16 @@ impl DirentRec {
         b[9..17].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<DirentRec, String> {
+    pub fn decode(b: &[u8]) -> Result<DirentRec, DecodeError> {
         if b.len() != 17 {
             return Err(short("dirent", b.len()));
         }
         Ok(DirentRec {
             ino: u64_at(b, 0),
-            kind: FileKind::from_code(b[8]).ok_or_else(|| format!("bad dirent kind {}", b[8]))?,
+            kind: FileKind::from_code(b[8]).ok_or(DecodeError::BadKind {
+                what: "dirent",
+                code: b[8],
+            })?,
             seq: u64_at(b, 9),
         })
     }
@@ -460,15 +514,34 @@ impl MapRec {
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<MapRec, String> {
+    /// Decodes an entry; one of length 0, or reaching past the largest extent there can be,
+    /// is an error (readers compute `offset + len - 1` and `ext_offset + len` from it).
+    pub fn decode(b: &[u8]) -> Result<MapRec, DecodeError> {
         if b.len() != 16 {
             return Err(short("extent map", b.len()));
         }
-        Ok(MapRec {
+        let m = MapRec {
             extent: u64_at(b, 0),
             ext_offset: u32_at(b, 8),
             len: u32_at(b, 12),
-        })
+        };
+        m.check_within(compfs_codec::MAX_EXTENT as u64)?;
+        Ok(m)
+    }
+
+    /// Checks that the entry is not empty and lies within an extent of `raw_len` bytes.
+    pub fn check_within(&self, raw_len: u64) -> Result<(), DecodeError> {
+        if self.len == 0 {
+            return Err(DecodeError::EmptyMapEntry);
+        }
+        if self.ext_offset as u64 + self.len as u64 > raw_len {
+            return Err(DecodeError::MapPastExtent {
+                ext_offset: self.ext_offset,
+                len: self.len,
+                raw_len,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -507,7 +580,7 @@ impl ExtentRec {
         b[36..44].copy_from_slice(&self.ino.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<ExtentRec, String> {
+    pub fn decode(b: &[u8]) -> Result<ExtentRec, DecodeError> {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
         }
@@ -542,7 +615,7 @@ impl SegmentRec {
         b[8..16].copy_from_slice(&self.live.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<SegmentRec, String> {
+    pub fn decode(b: &[u8]) -> Result<SegmentRec, DecodeError> {
         if b.len() != 16 {
             return Err(short("segment", b.len()));
         }
@@ -571,7 +644,7 @@ impl StatRec {
         b[24..32].copy_from_slice(&self.referenced.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<StatRec, String> {
+    pub fn decode(b: &[u8]) -> Result<StatRec, DecodeError> {
         if b.len() != 32 {
             return Err(short("stats", b.len()));
         }
@@ -647,6 +720,107 @@ mod tests {
         let mut bad = h;
         bad.codec = 9;
         assert!(ExtentHeader::decode(&bad.encode()).is_err());
+    }
+
+    #[test]
+    fn decoders_give_typed_errors() {
+        assert_eq!(
+            ExtentHeader::decode(&[0u8; 10]),
+            Err(DecodeError::Truncated {
+                what: "extent header",
+                len: 10
+            })
+        );
+        assert_eq!(
+            ExtentHeader::decode(&[0u8; EXT_HEADER_LEN]),
+            Err(DecodeError::BadMagic { what: "extent" })
+        );
+        assert_eq!(
+            SegmentHeader::decode(&[0u8; SEG_HEADER_LEN as usize]),
+            Err(DecodeError::BadMagic { what: "segment" })
+        );
+        assert_eq!(
+            DirentRec::decode(&[0u8; 16]),
+            Err(DecodeError::Malformed {
+                what: "dirent",
+                len: 16
+            })
+        );
+        let mut de = [0u8; 17];
+        de[8] = 200;
+        assert_eq!(
+            DirentRec::decode(&de),
+            Err(DecodeError::BadKind {
+                what: "dirent",
+                code: 200
+            })
+        );
+        let x = ExtentRec {
+            segment: 1,
+            seg_offset: 64,
+            stored_len: 10,
+            raw_len: u32::MAX,
+            codec: 0,
+            level: 0,
+            crc: 0,
+            refs: 1,
+            ino: 2,
+        };
+        assert!(matches!(
+            ExtentRec::decode(&x.encode()),
+            Err(DecodeError::ImplausibleLengths { what: "extent", .. })
+        ));
+        // The messages fsck prints are unchanged.
+        assert_eq!(
+            DecodeError::BadChecksum {
+                what: "extent header"
+            }
+            .to_string(),
+            "extent header checksum mismatch"
+        );
+    }
+
+    /// Map entries of length 0, or reaching past any extent, do not decode: readers compute
+    /// `offset + len - 1` and `ext_offset + len` from them.
+    #[test]
+    fn map_records_with_impossible_lengths_are_decode_errors() {
+        let max = compfs_codec::MAX_EXTENT as u32;
+        let ok = MapRec {
+            extent: 7,
+            ext_offset: 0,
+            len: max,
+        };
+        assert_eq!(MapRec::decode(&ok.encode()), Ok(ok));
+        let empty = MapRec { len: 0, ..ok };
+        assert_eq!(
+            MapRec::decode(&empty.encode()),
+            Err(DecodeError::EmptyMapEntry)
+        );
+        for (ext_offset, len) in [(1, max), (max, 1), (u32::MAX, u32::MAX), (u32::MAX, 1)] {
+            let past = MapRec {
+                extent: 7,
+                ext_offset,
+                len,
+            };
+            assert!(
+                matches!(
+                    MapRec::decode(&past.encode()),
+                    Err(DecodeError::MapPastExtent { .. })
+                ),
+                "{past:?}"
+            );
+        }
+        // Within a known extent.
+        let m = MapRec {
+            extent: 7,
+            ext_offset: 100,
+            len: 50,
+        };
+        assert_eq!(m.check_within(150), Ok(()));
+        assert!(matches!(
+            m.check_within(149),
+            Err(DecodeError::MapPastExtent { raw_len: 149, .. })
+        ));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use crate::error::{Error, Result};
 use crate::format::{
-    DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
+    DecodeError, DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
 };
 use crate::span;
 use crate::types::{FileKind, Ino};
@@ -33,8 +33,9 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::CorruptMetadata(what.to_string())
 }
 
-pub(crate) fn dec<T>(r: std::result::Result<T, String>) -> Result<T> {
-    r.map_err(Error::CorruptMetadata)
+/// A record that does not decode is damaged metadata.
+pub(crate) fn dec<T>(r: std::result::Result<T, DecodeError>) -> Result<T> {
+    r.map_err(|e| Error::CorruptMetadata(e.to_string()))
 }
 
 pub(crate) fn u64_value(b: &[u8]) -> Result<u64> {

@@ -74,7 +74,8 @@ pub(crate) fn verify_extent_into(
     raw: &[u8],
     out: &mut [u8],
 ) -> std::result::Result<(), String> {
-    let h = ExtentHeader::decode(&raw[..EXT_HEADER_LEN.min(raw.len())])?;
+    let h =
+        ExtentHeader::decode(&raw[..EXT_HEADER_LEN.min(raw.len())]).map_err(|e| e.to_string())?;
     if h.id != id || h.raw_len != xr.raw_len || h.stored_len != xr.stored_len || h.codec != xr.codec
     {
         return Err(format!(
@@ -104,6 +105,33 @@ pub(crate) fn verify_extent_into(
 }
 
 /// The error for a damaged extent met while reading `ino` at `file_off`, logged once here.
+/// Why an extent could not be read: the device failed (an I/O error) or the extent is damaged
+/// or missing (corrupt data). Both are EIO to a reader, but they are logged and reported apart:
+/// a failing disk is not a checksum mismatch.
+#[derive(Debug)]
+pub(crate) enum ExtentFault {
+    Io(std::io::Error),
+    Damaged(String),
+}
+
+impl ExtentFault {
+    /// The error for reading extent `id` (record `xr`) for `ino` at `file_off`, logged once here.
+    pub(crate) fn into_error(self, id: u64, ino: Ino, file_off: u64, xr: &ExtentRec) -> Error {
+        match self {
+            ExtentFault::Io(e) => {
+                tracing::error!(
+                    "compfs: I/O error reading extent {id} of inode {ino} at file offset \
+                     {file_off} (segment {} offset {}): {e}",
+                    xr.segment,
+                    xr.seg_offset
+                );
+                Error::Io(e)
+            }
+            ExtentFault::Damaged(detail) => damaged(ino, file_off, xr, detail),
+        }
+    }
+}
+
 pub(crate) fn damaged(ino: Ino, file_off: u64, xr: &ExtentRec, detail: String) -> Error {
     let err = Error::Corrupt {
         ino,
@@ -206,6 +234,15 @@ impl Inner {
                     })
                 }
             };
+            if let Err(err) = m.check_within(xr.raw_len as u64) {
+                return Err(Error::Corrupt {
+                    ino,
+                    offset: s,
+                    segment: xr.segment,
+                    seg_offset: xr.seg_offset,
+                    detail: err.to_string(),
+                });
+            }
             let dst = (s - off) as usize..(e - off) as usize;
             // The read wants the whole extent: decode it straight into the caller's buffer
             // (checksum verified as always) and leave the cache alone, since a sequential
@@ -254,7 +291,7 @@ impl Inner {
     ) -> Result<()> {
         self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
         self.with_stored(xr, |raw| verify_extent_into(id, xr, raw, out))
-            .map_err(|detail| damaged(ino, file_off, xr, detail))
+            .map_err(|f| f.into_error(id, ino, file_off, xr))
     }
 
     /// The uncompressed bytes of an extent, verified (cached). Call with `seg_barrier` held.
@@ -279,31 +316,34 @@ impl Inner {
         self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
         let data = self
             .load_extent(id, xr)
-            .map_err(|detail| damaged(ino, file_off, xr, detail))?;
+            .map_err(|f| f.into_error(id, ino, file_off, xr))?;
         let data = Arc::new(data);
         lock(&self.cache).insert(id, data.clone());
         Ok(data)
     }
 
-    /// Reads, checks and decodes an extent; the error is a description of the damage.
+    /// Reads, checks and decodes an extent.
     pub(crate) fn load_extent(
         &self,
         id: u64,
         xr: &ExtentRec,
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> std::result::Result<Vec<u8>, ExtentFault> {
         self.with_stored(xr, |raw| verify_extent(id, xr, raw))
     }
 
     /// Reads an extent's header and stored bytes into this thread's reused buffer and hands
-    /// them to `f`; the error is a description of the damage.
+    /// them to `f` (whose error is a description of the damage).
     pub(crate) fn with_stored<R>(
         &self,
         xr: &ExtentRec,
         f: impl FnOnce(&[u8]) -> std::result::Result<R, String>,
-    ) -> std::result::Result<R, String> {
-        let file = self
-            .seg_file(xr.segment)
-            .map_err(|e| format!("segment unreadable: {e}"))?;
+    ) -> std::result::Result<R, ExtentFault> {
+        let file = self.seg_file(xr.segment).map_err(|e| match e {
+            // The device failed to open an existing file.
+            Error::Io(io) if io.kind() != std::io::ErrorKind::NotFound => ExtentFault::Io(io),
+            // The segment is gone: the data it held is missing.
+            e => ExtentFault::Damaged(format!("segment unreadable: {e}")),
+        })?;
         RAW_BUF.with(|cell| {
             let mut raw = cell.borrow_mut();
             let len = EXT_HEADER_LEN + xr.stored_len as usize;
@@ -313,8 +353,14 @@ impl Inner {
                 raw.resize(len, 0);
             }
             file.read_exact_at(&mut raw[..len], xr.seg_offset)
-                .map_err(|e| format!("read failed: {e}"))?;
-            f(&raw[..len])
+                .map_err(|e| match e.kind() {
+                    // The segment ends before the extent: its bytes are missing.
+                    std::io::ErrorKind::UnexpectedEof => {
+                        ExtentFault::Damaged(format!("read failed: {e}"))
+                    }
+                    _ => ExtentFault::Io(e),
+                })?;
+            f(&raw[..len]).map_err(ExtentFault::Damaged)
         })
     }
 }

@@ -327,12 +327,10 @@ pub(super) fn check_maps(
             fx.remove_map.push((ino, off));
             continue;
         };
-        let end = off + m.len as u64;
+        let end = off.saturating_add(m.len as u64);
         let overlap = matches!(prev, Some((pi, pe)) if pi == ino && pe > off);
         let bad = if r.kind != FileKind::File {
             Some("belongs to a non-file".to_string())
-        } else if m.len == 0 {
-            Some("is empty".to_string())
         } else if overlap {
             Some("overlaps the previous entry".to_string())
         } else if end > r.size {
@@ -359,7 +357,7 @@ pub(super) fn check_maps(
             fx.remove_map.push((ino, off));
             continue;
         };
-        if m.ext_offset as u64 + m.len as u64 > x.raw_len as u64 {
+        if m.check_within(x.raw_len as u64).is_err() {
             c.add(
                 ProblemKind::BadMapEntry,
                 Some(ino),
