@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use redb::ReadableTable;
 
 use crate::error::Result;
-use crate::format::InodeRec;
+use crate::records::InodeRec;
 use crate::meta::{dec, INODES};
 use crate::types::{Ino, Timestamp};
 

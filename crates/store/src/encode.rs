@@ -9,7 +9,7 @@ use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::format::Inline;
+use crate::records::Inline;
 use crate::meta::{self};
 use crate::read::*;
 use crate::span;

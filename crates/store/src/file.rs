@@ -11,7 +11,7 @@ use redb::ReadableDatabase;
 use crate::encode::*;
 use crate::error::{Error, Result};
 use crate::flush::*;
-use crate::format::InodeRec;
+use crate::records::InodeRec;
 use crate::meta::{self};
 use crate::read::*;
 use crate::span;

@@ -9,7 +9,7 @@ use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::format::MapRec;
+use crate::records::MapRec;
 use crate::meta::{self, dec};
 use crate::read::*;
 use crate::span::{self, PunchSpan};

@@ -11,7 +11,7 @@ use compfs_codec::{ExtentPolicy, RawReason};
 use crate::encode::*;
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::format::{ExtentHeader, ExtentRec, MapRec, EXT_HEADER_LEN};
+use crate::records::{ExtentHeader, ExtentRec, MapRec, EXT_HEADER_LEN};
 use crate::meta::{self, W};
 use crate::span;
 use crate::store::{lock, Inner};

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
-use crate::format::{
+use crate::records::{
     parse_segment_file_name, segment_file_name, ExtentRec, SegmentRec, EXT_HEADER_LEN,
 };
 use crate::meta::{self, dec};

@@ -33,7 +33,6 @@ mod error;
 mod file;
 mod fileops;
 mod flush;
-pub mod format;
 mod fsck;
 mod gc;
 mod meta;
@@ -41,6 +40,7 @@ mod namespace;
 mod open;
 mod pool;
 mod read;
+mod records;
 mod segment;
 mod span;
 mod stats;
@@ -48,6 +48,19 @@ mod store;
 mod txn;
 mod types;
 mod writeback;
+
+/// The parts of the on-disk layout that tools outside the store need: file names, header sizes
+/// and the superblock (see `docs/format.md`). The record encodings stay private to the store.
+pub mod format {
+    pub use crate::records::{
+        Superblock, EXT_HEADER_LEN, FORMAT_VERSION, META_FILE, SEGMENT_DIR, SEG_HEADER_LEN,
+        SUPERBLOCK_FILE,
+    };
+    /// Every record encoding, for the store's own tests (feature `internals`); not API.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub use crate::records::*;
+}
 
 pub use compfs_codec::{CodecSpec, Mode};
 pub use error::{Error, Result};

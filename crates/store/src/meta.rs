@@ -7,7 +7,7 @@ use std::cell::OnceCell;
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use crate::error::{Error, Result};
-use crate::format::{
+use crate::records::{
     DecodeError, DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
 };
 use crate::span;

@@ -8,7 +8,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::attrs::AttrPatch;
 use crate::error::{Error, Result};
-use crate::format::{DirentRec, InodeRec};
+use crate::records::{DirentRec, InodeRec};
 use crate::meta::{self, dec, W};
 use crate::read::inode_in;
 use crate::store::{lock, Inner, Store};
@@ -160,7 +160,7 @@ impl Inner {
                 parent: if kind == FileKind::Dir { parent } else { 0 },
                 next_seq: 0,
                 disk_bytes: 0,
-                inline: target.map(|t| crate::format::Inline {
+                inline: target.map(|t| crate::records::Inline {
                     codec: 0,
                     level: 0,
                     raw_len: t.len() as u32,

@@ -7,7 +7,7 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::backend::{FaultBackend, MetaFile};
 use crate::error::{Error, Result};
-use crate::format::{SbError, Superblock, FORMAT_VERSION, META_FILE, SUPERBLOCK_FILE};
+use crate::records::{SbError, Superblock, FORMAT_VERSION, META_FILE, SUPERBLOCK_FILE};
 use crate::meta::{self};
 use crate::store::Inner;
 

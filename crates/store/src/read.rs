@@ -11,7 +11,7 @@ use redb::{ReadTransaction, ReadableDatabase};
 
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::format::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
+use crate::records::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
 use crate::meta::{self, dec};
 use crate::span;
 use crate::store::{lock, Inner, Store};

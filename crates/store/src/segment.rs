@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::SegFile;
 use crate::error::{Error, Result};
-use crate::format::{segment_file_name, SegmentHeader, FORMAT_VERSION, SEG_HEADER_LEN};
+use crate::records::{segment_file_name, SegmentHeader, FORMAT_VERSION, SEG_HEADER_LEN};
 use crate::store::{lock, Inner};
 
 /// The segment being appended to, and segments with appended but uncommitted extents.

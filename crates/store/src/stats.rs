@@ -8,7 +8,7 @@ use compfs_codec::Algorithm;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
-use crate::format::{ExtentRec, MapRec};
+use crate::records::{ExtentRec, MapRec};
 use crate::meta::{self, dec};
 use crate::read::inode_in;
 use crate::store::{Inner, Store};
@@ -61,10 +61,10 @@ impl Inner {
             if let Ok(t) = txn.open_table(meta::STATS) {
                 if let Ok(it) = t.iter() {
                     for (k, v) in it.flatten() {
-                        let Ok(r) = crate::format::StatRec::decode(v.value()) else {
+                        let Ok(r) = crate::records::StatRec::decode(v.value()) else {
                             continue;
                         };
-                        let name = if k.value() == crate::format::STAT_INLINE {
+                        let name = if k.value() == crate::records::STAT_INLINE {
                             "inline".to_string()
                         } else {
                             match compfs_codec::Algorithm::from_id(k.value()) {
@@ -87,7 +87,7 @@ impl Inner {
             if let Ok(t) = txn.open_table(meta::SEGMENTS) {
                 if let Ok(it) = t.iter() {
                     for (_, v) in it.flatten() {
-                        if let Ok(r) = crate::format::SegmentRec::decode(v.value()) {
+                        if let Ok(r) = crate::records::SegmentRec::decode(v.value()) {
                             s.segment_bytes += r.len;
                             s.live_bytes += r.live;
                         }
@@ -125,7 +125,7 @@ impl Store {
                 FileKind::Dir => {
                     for r in dirents.range((ino, &[][..])..(ino + 1, &[][..]))? {
                         let (_, v) = r?;
-                        let de = dec(crate::format::DirentRec::decode(v.value()))?;
+                        let de = dec(crate::records::DirentRec::decode(v.value()))?;
                         todo.push(de.ino);
                     }
                 }

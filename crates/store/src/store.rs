@@ -22,7 +22,7 @@ pub(crate) const LOAD_STRIPES: usize = 64;
 use crate::background::{flusher_loop, segsync_loop, writeback_loop};
 use crate::error::{Error, Result};
 use crate::file::FileState;
-use crate::format::{
+use crate::records::{
     parse_segment_file_name, InodeRec, Superblock, FORMAT_VERSION, META_FILE, SEGMENT_DIR,
     SUPERBLOCK_FILE,
 };

@@ -10,7 +10,7 @@ use std::path::Path;
 use redb::{Database, ReadableDatabase};
 
 use crate::error::Result;
-use crate::format::{SegmentRec, StatRec};
+use crate::records::{SegmentRec, StatRec};
 use crate::open::{check_identity, open_db, read_superblock};
 use crate::types::Ino;
 

@@ -7,7 +7,7 @@ use redb::{ReadTransaction, ReadableTable};
 
 use super::{Ctx, Fixes, ProblemKind};
 use crate::error::Result;
-use crate::format::{
+use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
     MapRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR, SEG_HEADER_LEN,
     STAT_INLINE,

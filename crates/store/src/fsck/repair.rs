@@ -6,7 +6,7 @@ use redb::{Database, ReadableTable};
 
 use super::Fixes;
 use crate::error::{Error, Result};
-use crate::format::{segment_file_name, ExtentRec, SEGMENT_DIR};
+use crate::records::{segment_file_name, ExtentRec, SEGMENT_DIR};
 use crate::meta::W;
 
 pub(super) fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
