@@ -9,9 +9,9 @@ use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::records::Inline;
 use crate::meta::{self};
 use crate::read::*;
+use crate::records::Inline;
 use crate::span;
 use crate::store::{lock, Inner};
 use crate::types::*;

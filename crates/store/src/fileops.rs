@@ -9,9 +9,9 @@ use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::records::MapRec;
 use crate::meta::{self, dec};
 use crate::read::*;
+use crate::records::MapRec;
 use crate::span::{self, PunchSpan};
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
@@ -159,7 +159,7 @@ impl Store {
             let (k, m) = r?;
             let m = dec(MapRec::decode(m.value()))?;
             let s = k.value().1;
-            span::region_push(&mut v, s, s + m.len as u64);
+            span::region_push(&mut v, s, s.saturating_add(m.len as u64));
         }
         Ok((v, rec.size))
     }

@@ -52,14 +52,14 @@ mod writeback;
 /// The parts of the on-disk layout that tools outside the store need: file names, header sizes
 /// and the superblock (see `docs/format.md`). The record encodings stay private to the store.
 pub mod format {
-    pub use crate::records::{
-        Superblock, EXT_HEADER_LEN, FORMAT_VERSION, META_FILE, SEGMENT_DIR, SEG_HEADER_LEN,
-        SUPERBLOCK_FILE,
-    };
     /// Every record encoding, for the store's own tests (feature `internals`); not API.
     #[cfg(feature = "internals")]
     #[doc(hidden)]
     pub use crate::records::*;
+    pub use crate::records::{
+        Superblock, EXT_HEADER_LEN, FORMAT_VERSION, META_FILE, SEGMENT_DIR, SEG_HEADER_LEN,
+        SUPERBLOCK_FILE,
+    };
 }
 
 pub use compfs_codec::{CodecSpec, Mode};

@@ -299,8 +299,8 @@ impl<'t> W<'t> {
         self.seg_extents_mut()?
             .insert((rec.segment, rec.seg_offset), id)?;
         let mut s = self.segment(rec.segment)?;
-        s.live += rec.footprint();
-        s.len = s.len.max(rec.seg_offset + rec.footprint());
+        s.live = s.live.saturating_add(rec.footprint());
+        s.len = s.len.max(rec.seg_offset.saturating_add(rec.footprint()));
         self.put_segment(rec.segment, &s)?;
         self.stat_adjust(
             rec.codec,
@@ -334,7 +334,8 @@ impl<'t> W<'t> {
             self.freed.push(id);
             return Ok(-(rec.stored_len as i64));
         }
-        rec.refs = refs as u32;
+        rec.refs = u32::try_from(refs)
+            .map_err(|_| corrupt(format!("extent {id} reference count above {}", u32::MAX)))?;
         self.extents_mut()?.insert(id, rec.encode().as_slice())?;
         Ok(0)
     }

@@ -8,9 +8,9 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::attrs::AttrPatch;
 use crate::error::{Error, Result};
-use crate::records::{DirentRec, InodeRec};
 use crate::meta::{self, dec, W};
 use crate::read::inode_in;
+use crate::records::{DirentRec, InodeRec};
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
@@ -39,7 +39,7 @@ pub(crate) fn attr_of(ino: Ino, r: &InodeRec) -> Attr {
         gid: r.gid,
         rdev: r.rdev,
         size: r.size,
-        blocks: (r.disk_bytes + inline).div_ceil(512),
+        blocks: r.disk_bytes.saturating_add(inline).div_ceil(512),
         atime: r.atime,
         mtime: r.mtime,
         ctime: r.ctime,

@@ -7,8 +7,8 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::backend::{FaultBackend, MetaFile};
 use crate::error::{Error, Result};
-use crate::records::{SbError, Superblock, FORMAT_VERSION, META_FILE, SUPERBLOCK_FILE};
 use crate::meta::{self};
+use crate::records::{SbError, Superblock, FORMAT_VERSION, META_FILE, SUPERBLOCK_FILE};
 use crate::store::Inner;
 
 pub(crate) fn random_uuid() -> Result<[u8; 16]> {

@@ -11,8 +11,8 @@ use redb::{ReadTransaction, ReadableDatabase};
 
 use crate::error::{Error, Result};
 use crate::file::*;
-use crate::records::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
 use crate::meta::{self, dec};
+use crate::records::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
 use crate::span;
 use crate::store::{lock, Inner, Store};
 use crate::types::*;

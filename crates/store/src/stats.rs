@@ -8,9 +8,9 @@ use compfs_codec::Algorithm;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
-use crate::records::{ExtentRec, MapRec};
 use crate::meta::{self, dec};
 use crate::read::inode_in;
+use crate::records::{ExtentRec, MapRec};
 use crate::store::{Inner, Store};
 use crate::types::*;
 
@@ -88,8 +88,8 @@ impl Inner {
                 if let Ok(it) = t.iter() {
                     for (_, v) in it.flatten() {
                         if let Ok(r) = crate::records::SegmentRec::decode(v.value()) {
-                            s.segment_bytes += r.len;
-                            s.live_bytes += r.live;
+                            s.segment_bytes = s.segment_bytes.saturating_add(r.len);
+                            s.live_bytes = s.live_bytes.saturating_add(r.live);
                         }
                     }
                 }

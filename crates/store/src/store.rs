@@ -22,13 +22,13 @@ pub(crate) const LOAD_STRIPES: usize = 64;
 use crate::background::{flusher_loop, segsync_loop, writeback_loop};
 use crate::error::{Error, Result};
 use crate::file::FileState;
+use crate::meta::{self, W};
+use crate::open::{check_identity, meta_db, open_db_with, random_uuid, read_superblock, sync_dir};
+use crate::pool::Pool;
 use crate::records::{
     parse_segment_file_name, InodeRec, Superblock, FORMAT_VERSION, META_FILE, SEGMENT_DIR,
     SUPERBLOCK_FILE,
 };
-use crate::meta::{self, W};
-use crate::open::{check_identity, meta_db, open_db_with, random_uuid, read_superblock, sync_dir};
-use crate::pool::Pool;
 use crate::segment::{SegWriter, Unsynced};
 use crate::stats::Counters;
 use crate::types::*;

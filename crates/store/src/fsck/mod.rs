@@ -10,8 +10,8 @@ use std::path::Path;
 use redb::{Database, ReadableDatabase};
 
 use crate::error::Result;
-use crate::records::{SegmentRec, StatRec};
 use crate::open::{check_identity, open_db, read_superblock};
+use crate::records::{SegmentRec, StatRec};
 use crate::types::Ino;
 
 /// Kind of a problem found by [`fsck`].

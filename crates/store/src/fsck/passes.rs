@@ -7,12 +7,12 @@ use redb::{ReadTransaction, ReadableTable};
 
 use super::{Ctx, Fixes, ProblemKind};
 use crate::error::Result;
+use crate::meta;
 use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
     MapRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR, SEG_HEADER_LEN,
     STAT_INLINE,
 };
-use crate::meta;
 use crate::types::{FileKind, Ino, ROOT_INO};
 use crate::FsckReport;
 

@@ -6,8 +6,8 @@ use redb::{Database, ReadableTable};
 
 use super::Fixes;
 use crate::error::{Error, Result};
-use crate::records::{segment_file_name, ExtentRec, SEGMENT_DIR};
 use crate::meta::W;
+use crate::records::{segment_file_name, ExtentRec, SEGMENT_DIR};
 
 pub(super) fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
     let txn = db.begin_write()?;
