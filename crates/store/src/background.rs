@@ -2,9 +2,11 @@
 //! the writeback thread of closed files and the segment syncer.
 
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::error::Result;
 use crate::store::{lock, Inner};
 use crate::types::*;
 
@@ -60,6 +62,80 @@ pub(crate) fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>,
             if let Err(e) = inner.gc(inner.tuning.gc_garbage_ratio.max(0.5)) {
                 tracing::warn!("compfs automatic GC failed: {e}");
             }
+        }
+    }
+}
+
+/// The background threads of a store opened for writing, stopped by [`Threads::stop`] before
+/// the final flush. A read-only store has none.
+pub(crate) struct Threads {
+    flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
+    writeback: Option<JoinHandle<()>>,
+    segsync: Option<JoinHandle<()>>,
+}
+
+impl Threads {
+    /// Starts the flusher (every `flush_interval`, if any), the writeback thread and the
+    /// segment syncer; each holds a weak reference to the store and its queue's sender lives
+    /// in [`Inner`] (the flusher's here).
+    pub(crate) fn start(
+        inner: &Arc<Inner>,
+        flush_interval: Option<Duration>,
+        read_only: bool,
+    ) -> Result<Threads> {
+        let flusher = match (flush_interval, read_only) {
+            (Some(iv), false) => {
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let weak: Weak<Inner> = Arc::downgrade(inner);
+                let h = std::thread::Builder::new()
+                    .name("compfs-flush".into())
+                    .spawn(move || flusher_loop(weak, rx, iv))?;
+                Some((tx, h))
+            }
+            _ => None,
+        };
+        let writeback = if read_only {
+            None
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel::<Ino>();
+            let weak: Weak<Inner> = Arc::downgrade(inner);
+            let h = std::thread::Builder::new()
+                .name("compfs-writeback".into())
+                .spawn(move || writeback_loop(weak, rx))?;
+            *lock(&inner.writeback) = Some(tx);
+            Some(h)
+        };
+        let segsync = if read_only {
+            None
+        } else {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+            let weak: Weak<Inner> = Arc::downgrade(inner);
+            let h = std::thread::Builder::new()
+                .name("compfs-segsync".into())
+                .spawn(move || segsync_loop(weak, rx))?;
+            *lock(&inner.segsync) = Some(tx);
+            Some(h)
+        };
+        Ok(Threads {
+            flusher,
+            writeback,
+            segsync,
+        })
+    }
+
+    /// Stops the threads: each finishes what it is doing and exits once its queue closes.
+    pub(crate) fn stop(&mut self, inner: &Inner) {
+        if let Some((tx, h)) = self.flusher.take() {
+            drop(tx);
+            let _ = h.join();
+        }
+        lock(&inner.writeback).take();
+        if let Some(h) = self.writeback.take() {
+            let _ = h.join();
+        }
+        lock(&inner.segsync).take();
+        if let Some(h) = self.segsync.take() {
+            let _ = h.join();
         }
     }
 }

@@ -8,9 +8,9 @@ use compfs_codec::{ExtentOutcome, ExtentPolicy, RawReason};
 use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
-use crate::file::*;
+use crate::file::Dirty;
 use crate::meta::{self};
-use crate::read::*;
+use crate::read::inode_in;
 use crate::records::Inline;
 use crate::span;
 use crate::store::{lock, Inner};

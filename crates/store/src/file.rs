@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use compfs_codec::{CodecSpec, ExtentPolicy};
 use redb::ReadableDatabase;
 
-use crate::encode::*;
+use crate::encode::trim_out_bufs;
 use crate::error::{Error, Result};
-use crate::flush::*;
+use crate::flush::Pending;
 use crate::meta::{self};
-use crate::read::*;
+use crate::read::inode_in;
 use crate::records::InodeRec;
 use crate::span;
 use crate::store::{lock, Inner};

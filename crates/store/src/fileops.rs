@@ -8,9 +8,9 @@ use compfs_codec::{CodecSpec, ExtentPolicy, Mode};
 use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
-use crate::file::*;
+use crate::file::{kind_error, Dirty, FileState, Partial};
 use crate::meta::{self, dec};
-use crate::read::*;
+use crate::read::inode_in;
 use crate::records::MapRec;
 use crate::span::{self, PunchSpan};
 use crate::store::{lock, Inner, Store};

@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use compfs_codec::{ExtentPolicy, RawReason};
 
-use crate::encode::*;
+use crate::encode::{
+    encode_block, give_out_buf, whole_blocks, EncodeJob, Encoded, EncodedBlock, Out,
+};
 use crate::error::{Error, Result};
-use crate::file::*;
+use crate::file::{Dirty, FileState};
 use crate::meta::{self, W};
 use crate::records::{ExtentHeader, ExtentRec, MapRec, EXT_HEADER_LEN};
 use crate::span;

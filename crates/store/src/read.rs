@@ -10,7 +10,7 @@ use compfs_codec::{Algorithm, Decompressor};
 use redb::{ReadTransaction, ReadableDatabase};
 
 use crate::error::{Error, Result};
-use crate::file::*;
+use crate::file::{kind_error, Dirty};
 use crate::meta::{self, dec};
 use crate::records::{ExtentHeader, ExtentRec, Inline, InodeRec, MapRec, EXT_HEADER_LEN};
 use crate::span;

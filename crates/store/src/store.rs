@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use compfs_codec::{CodecSpec, Mode};
@@ -19,7 +18,7 @@ use crate::cache::Lru;
 
 /// Number of [`Inner::loading`] stripes.
 pub(crate) const LOAD_STRIPES: usize = 64;
-use crate::background::{flusher_loop, segsync_loop, writeback_loop};
+use crate::background::Threads;
 use crate::error::{Error, Result};
 use crate::file::FileState;
 use crate::meta::{self, W};
@@ -148,9 +147,7 @@ pub(crate) struct Inner {
 /// ```
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
-    flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
-    writeback: Option<JoinHandle<()>>,
-    segsync: Option<JoinHandle<()>>,
+    threads: Threads,
     closed: bool,
 }
 
@@ -342,44 +339,10 @@ impl Store {
         if !opts.read_only {
             inner.free_orphans()?;
         }
-        let flusher = match (tuning.flush_interval, opts.read_only) {
-            (Some(iv), false) => {
-                let (tx, rx) = std::sync::mpsc::channel::<()>();
-                let weak: Weak<Inner> = Arc::downgrade(&inner);
-                let h = std::thread::Builder::new()
-                    .name("compfs-flush".into())
-                    .spawn(move || flusher_loop(weak, rx, iv))?;
-                Some((tx, h))
-            }
-            _ => None,
-        };
-        let writeback = if opts.read_only {
-            None
-        } else {
-            let (tx, rx) = std::sync::mpsc::channel::<Ino>();
-            let weak: Weak<Inner> = Arc::downgrade(&inner);
-            let h = std::thread::Builder::new()
-                .name("compfs-writeback".into())
-                .spawn(move || writeback_loop(weak, rx))?;
-            *lock(&inner.writeback) = Some(tx);
-            Some(h)
-        };
-        let segsync = if opts.read_only {
-            None
-        } else {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-            let weak: Weak<Inner> = Arc::downgrade(&inner);
-            let h = std::thread::Builder::new()
-                .name("compfs-segsync".into())
-                .spawn(move || segsync_loop(weak, rx))?;
-            *lock(&inner.segsync) = Some(tx);
-            Some(h)
-        };
+        let threads = Threads::start(&inner, tuning.flush_interval, opts.read_only)?;
         Ok(Store {
             inner,
-            flusher,
-            writeback,
-            segsync,
+            threads,
             closed: false,
         })
     }
@@ -432,18 +395,7 @@ impl Store {
             return Ok(());
         }
         self.closed = true;
-        if let Some((tx, h)) = self.flusher.take() {
-            drop(tx);
-            let _ = h.join();
-        }
-        lock(&self.inner.writeback).take();
-        if let Some(h) = self.writeback.take() {
-            let _ = h.join();
-        }
-        lock(&self.inner.segsync).take();
-        if let Some(h) = self.segsync.take() {
-            let _ = h.join();
-        }
+        self.threads.stop(&self.inner);
         let r = if self.inner.read_only_open || self.inner.ro_flag.load(Ordering::SeqCst) {
             Ok(())
         } else {

@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::encode::*;
+use crate::encode::whole_blocks;
 use crate::error::{Error, Result};
-use crate::file::*;
-use crate::flush::*;
+use crate::file::{Dirty, FileState};
+use crate::flush::{FlushMeta, Staged};
 use crate::store::{lock, Inner};
 use crate::types::*;
 
