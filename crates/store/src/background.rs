@@ -21,7 +21,7 @@ pub(crate) fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>)
 
 /// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
 /// closing thread (a FUSE request) does not compress and commit.
-pub(crate) fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
+fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
     while let Ok(first) = rx.recv() {
         let Some(inner) = weak.upgrade() else { return };
         // Everything queued so far goes in one batch (one transaction).
@@ -36,7 +36,7 @@ pub(crate) fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<In
     }
 }
 
-pub(crate) fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Duration) {
+fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Duration) {
     loop {
         match rx.recv_timeout(iv) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}

@@ -47,34 +47,34 @@ pub(crate) type EncodeJob =
     Box<dyn FnOnce(&mut compfs_codec::ExtentEncoder) -> EncodedBlock + Send>;
 
 /// Map entries within one block beyond which a partially written block is rewritten whole.
-pub(crate) const MAX_BLOCK_PIECES: usize = 16;
+const MAX_BLOCK_PIECES: usize = 16;
 
 thread_local! {
-    pub(crate) static ENCODER: RefCell<compfs_codec::ExtentEncoder> = RefCell::new(compfs_codec::ExtentEncoder::new());
+    static ENCODER: RefCell<compfs_codec::ExtentEncoder> = RefCell::new(compfs_codec::ExtentEncoder::new());
     /// Compression output buffer of this thread; a compressed extent leaves in it, and a
     /// pooled one (see `OUT_BUFS`) takes its place.
-    pub(crate) static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Compressed-extent buffers, passed from the compression workers to the committing thread and
 /// back: a steady write reuses the same memory instead of allocating (and page-faulting) one
 /// per extent in a worker and freeing it in another thread. Holds at most [`OUT_BUFS_BYTES`]
 /// of capacity (shared by every store of the process); trimmed when idle.
-pub(crate) static OUT_BUFS: Mutex<OutBufs> = Mutex::new(OutBufs {
+static OUT_BUFS: Mutex<OutBufs> = Mutex::new(OutBufs {
     bufs: Vec::new(),
     bytes: 0,
 });
 
 /// Most capacity [`OUT_BUFS`] keeps: what the default dirty limit can have in flight.
-pub(crate) const OUT_BUFS_BYTES: usize = 64 << 20;
+const OUT_BUFS_BYTES: usize = 64 << 20;
 
-pub(crate) struct OutBufs {
+struct OutBufs {
     pub(crate) bufs: Vec<Vec<u8>>,
     /// Sum of the capacities of `bufs`.
     pub(crate) bytes: usize,
 }
 
-pub(crate) fn take_out_buf() -> Vec<u8> {
+fn take_out_buf() -> Vec<u8> {
     let mut p = lock(&OUT_BUFS);
     match p.bufs.pop() {
         Some(v) => {
@@ -327,7 +327,7 @@ mod tests {
     /// The output-buffer pool keeps at most its byte budget, whatever the buffers' sizes, and
     /// a trim frees down to the count asked.
     #[test]
-    pub(crate) fn output_buffer_pool_is_bounded_in_bytes() {
+    fn output_buffer_pool_is_bounded_in_bytes() {
         for _ in 0..100 {
             give_out_buf(Vec::with_capacity(1 << 20));
         }

@@ -92,10 +92,10 @@ pub(crate) fn kind_error(kind: FileKind) -> Error {
 }
 
 /// Pooled buffers of each kind kept while idle.
-pub(crate) const IDLE_BUFS: usize = 8;
+const IDLE_BUFS: usize = 8;
 
 impl Inner {
-    pub(crate) fn file_arc(&self, ino: Ino) -> Arc<Mutex<FileState>> {
+    fn file_arc(&self, ino: Ino) -> Arc<Mutex<FileState>> {
         lock(&self.files).entry(ino).or_default().clone()
     }
 
@@ -223,7 +223,7 @@ impl Inner {
     }
 
     /// A block buffer of `extent_size` bytes, reused when one is free (zeroed when asked).
-    pub(crate) fn take_buf(&self, zero: bool) -> Vec<u8> {
+    fn take_buf(&self, zero: bool) -> Vec<u8> {
         let e = self.sb.extent_size as usize;
         match lock(&self.bufs).pop() {
             Some(mut v) => {

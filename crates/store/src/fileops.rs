@@ -136,7 +136,7 @@ impl Store {
     }
 
     /// Data regions of a file after flushing it: (start, end) pairs in order, and the size.
-    pub(crate) fn data_regions(&self, ino: Ino) -> Result<(Vec<(u64, u64)>, u64)> {
+    fn data_regions(&self, ino: Ino) -> Result<(Vec<(u64, u64)>, u64)> {
         let inner = &self.inner;
         inner.with_file(ino, |st| {
             if st.dirty.is_some() {

@@ -46,7 +46,7 @@ pub(crate) struct Pending {
 }
 
 /// Compressed batches of a file a writer leaves queued (see `start_async_flush`).
-pub(crate) const PIPELINE_BATCHES: usize = 2;
+const PIPELINE_BATCHES: usize = 2;
 
 impl Inner {
     /// Flushes a file's buffered changes. On failure the store turns read-only and the buffer is
@@ -132,7 +132,7 @@ impl Inner {
     }
 
     /// Flushes everything buffered in `d` synchronously, keeping `d` as an empty buffer.
-    pub(crate) fn flush_sync_inner(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+    fn flush_sync_inner(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         let blocks = d.blocks.len() + d.partial.len();
         match self.flush_dirty(ino, d, false, None) {
             Ok(()) | Err(Error::NotFound) => {
@@ -146,14 +146,14 @@ impl Inner {
     }
 
     /// Waits for and commits every batch started by [`Inner::start_async_flush`], in order.
-    pub(crate) fn finish_pending(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+    fn finish_pending(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         while !d.pending.is_empty() {
             self.finish_oldest(ino, d)?;
         }
         Ok(())
     }
 
-    pub(crate) fn finish_oldest(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
+    fn finish_oldest(&self, ino: Ino, d: &mut Dirty) -> Result<()> {
         let Some(p) = d.pending.pop_front() else {
             return Ok(());
         };
@@ -246,7 +246,7 @@ impl Inner {
 
     /// Appends encoded blocks to a segment and commits them (see the commit protocol in
     /// docs/format.md).
-    pub(crate) fn commit_encoded(
+    fn commit_encoded(
         &self,
         ino: Ino,
         meta: &FlushMeta,
@@ -264,7 +264,7 @@ impl Inner {
 
     /// Unpins the segment of a staged flush and, when its commit succeeded, drops the extents it
     /// freed from the cache.
-    pub(crate) fn finish_staged(&self, staged: &Staged, res: Result<Vec<u64>>) -> Result<()> {
+    fn finish_staged(&self, staged: &Staged, res: Result<Vec<u64>>) -> Result<()> {
         if let Some((id, _)) = staged.seg {
             self.unpin(id);
         }

@@ -18,10 +18,10 @@ use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
 thread_local! {
-    pub(crate) static DECOMPRESSOR: RefCell<Decompressor> = RefCell::new(Decompressor::new());
+    static DECOMPRESSOR: RefCell<Decompressor> = RefCell::new(Decompressor::new());
     /// Reused buffer for an extent's stored bytes as read from its segment; only the first
     /// header + stored length bytes are meaningful, and they are overwritten on every read.
-    pub(crate) static RAW_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static RAW_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(crate) fn decode_inline(ino: Ino, i: &Inline) -> Result<Vec<u8>> {
@@ -68,7 +68,7 @@ pub(crate) fn verify_extent(
 
 /// Like [`verify_extent`], decoding into `out`, which must be exactly `xr.raw_len` bytes long
 /// and is fully overwritten on success (left in an unspecified state on failure).
-pub(crate) fn verify_extent_into(
+fn verify_extent_into(
     id: u64,
     xr: &ExtentRec,
     raw: &[u8],
@@ -109,14 +109,14 @@ pub(crate) fn verify_extent_into(
 /// or missing (corrupt data). Both are EIO to a reader, but they are logged and reported apart:
 /// a failing disk is not a checksum mismatch.
 #[derive(Debug)]
-pub(crate) enum ExtentFault {
+enum ExtentFault {
     Io(std::io::Error),
     Damaged(String),
 }
 
 impl ExtentFault {
     /// The error for reading extent `id` (record `xr`) for `ino` at `file_off`, logged once here.
-    pub(crate) fn into_error(self, id: u64, ino: Ino, file_off: u64, xr: &ExtentRec) -> Error {
+    fn into_error(self, id: u64, ino: Ino, file_off: u64, xr: &ExtentRec) -> Error {
         match self {
             ExtentFault::Io(e) => {
                 tracing::error!(
@@ -144,13 +144,7 @@ pub(crate) fn damaged(ino: Ino, file_off: u64, xr: &ExtentRec, detail: String) -
     err
 }
 
-pub(crate) fn read_dirty(
-    inner: &Inner,
-    ino: Ino,
-    d: &Dirty,
-    offset: u64,
-    buf: &mut [u8],
-) -> Result<usize> {
+fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -> Result<usize> {
     if offset >= d.size {
         return Ok(0);
     }
@@ -275,13 +269,13 @@ impl Inner {
     }
 
     /// Whether extent `id` is in the decompressed-extent cache (counts as a use of it).
-    pub(crate) fn extent_cached(&self, id: u64) -> bool {
+    fn extent_cached(&self, id: u64) -> bool {
         lock(&self.cache).contains(id)
     }
 
     /// Reads, verifies and decodes extent `id` into `out` (exactly its raw length), without
     /// going through the cache. Call with `seg_barrier` held.
-    pub(crate) fn extent_into(
+    fn extent_into(
         &self,
         id: u64,
         xr: &ExtentRec,
@@ -295,7 +289,7 @@ impl Inner {
     }
 
     /// The uncompressed bytes of an extent, verified (cached). Call with `seg_barrier` held.
-    pub(crate) fn extent_data(
+    fn extent_data(
         &self,
         id: u64,
         xr: &ExtentRec,
@@ -323,17 +317,13 @@ impl Inner {
     }
 
     /// Reads, checks and decodes an extent.
-    pub(crate) fn load_extent(
-        &self,
-        id: u64,
-        xr: &ExtentRec,
-    ) -> std::result::Result<Vec<u8>, ExtentFault> {
+    fn load_extent(&self, id: u64, xr: &ExtentRec) -> std::result::Result<Vec<u8>, ExtentFault> {
         self.with_stored(xr, |raw| verify_extent(id, xr, raw))
     }
 
     /// Reads an extent's header and stored bytes into this thread's reused buffer and hands
     /// them to `f` (whose error is a description of the damage).
-    pub(crate) fn with_stored<R>(
+    fn with_stored<R>(
         &self,
         xr: &ExtentRec,
         f: impl FnOnce(&[u8]) -> std::result::Result<R, String>,

@@ -23,7 +23,7 @@ pub(crate) struct SegWriter {
 pub(crate) type Unsynced = (Arc<dyn SegFile>, u64);
 
 /// Appended bytes after which the segment syncer is woken.
-pub(crate) const SEGSYNC_BYTES: u64 = 8 << 20;
+const SEGSYNC_BYTES: u64 = 8 << 20;
 
 impl Inner {
     /// Notes that segment `id` has appended bytes not yet synced.

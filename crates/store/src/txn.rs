@@ -39,7 +39,7 @@ impl Inner {
     }
 
     /// Starts a write transaction with non-durable commit semantics.
-    pub(crate) fn begin(&self, durable: bool) -> Result<redb::WriteTransaction> {
+    fn begin(&self, durable: bool) -> Result<redb::WriteTransaction> {
         let mut txn = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
         txn.set_durability(if durable {
             Durability::Immediate
@@ -71,7 +71,7 @@ impl Inner {
     }
 
     /// Latches read-only when `e` is a storage error (see [`Error::is_storage`]).
-    pub(crate) fn fail_storage(&self, e: Error) -> Error {
+    fn fail_storage(&self, e: Error) -> Error {
         if e.is_storage() {
             self.fail(e)
         } else {

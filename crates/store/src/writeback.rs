@@ -57,7 +57,7 @@ impl Inner {
     }
 
     /// Flushes one file queued by [`Inner::queue_writeback`] (if it is still dirty).
-    pub(crate) fn writeback_one(&self, ino: Ino) {
+    fn writeback_one(&self, ino: Ino) {
         let Some(a) = self.existing_file(ino) else {
             return;
         };
@@ -131,10 +131,7 @@ impl Inner {
 
     /// The work of [`Inner::writeback_batch`] on files whose locks it holds. On failure every
     /// file keeps its buffer (and the store is read-only).
-    pub(crate) fn writeback_held(
-        &self,
-        held: &mut [(Ino, MutexGuard<'_, FileState>)],
-    ) -> Result<()> {
+    fn writeback_held(&self, held: &mut [(Ino, MutexGuard<'_, FileState>)]) -> Result<()> {
         struct Item {
             at: usize,
             d: Dirty,
