@@ -209,7 +209,7 @@ fn check(
         report: progress,
     };
     (pr.report)(0, total);
-    let mut eu = check_extents(&l, &mu, &mut c, &mut fx, &mut rep, &mut pr);
+    let mut eu = check_extents(&l, &mu, &mut c, &mut fx, &mut rep, &mut pr)?;
     check_accounting(&l, mu.referenced, &mut eu, &mut c, &mut fx);
     check_segment_records(&l, &eu, &mut c, &mut fx);
     check_segment_files(&l, uuid, &mut c, &mut fx, &mut rep, &mut pr)?;

@@ -388,7 +388,7 @@ pub(super) fn check_extents(
     fx: &mut Fixes,
     rep: &mut FsckReport,
     pr: &mut Progress<'_>,
-) -> ExtentUse {
+) -> Result<ExtentUse> {
     let Loaded {
         seg_dir,
         extents,
@@ -437,23 +437,24 @@ pub(super) fn check_extents(
         s.uncompressed += x.raw_len as u64;
         *disk.entry(x.ino).or_default() += x.stored_len as u64;
         // Read and verify the bytes.
-        let check = (|| -> std::result::Result<(), String> {
+        // A device error stops the check (EIO): reporting it as a damaged extent would have
+        // a repair drop data that is only unreadable for now.
+        let check = (|| -> std::io::Result<std::result::Result<(), String>> {
             if !files.contains_key(&x.segment) {
-                return Err(format!("segment {} is missing", x.segment));
+                return Ok(Err(format!("segment {} is missing", x.segment)));
             }
             let f = match open_files.get(&x.segment) {
                 Some(f) => f,
-                None => {
-                    let f = std::fs::File::open(seg_dir.join(segment_file_name(x.segment)))
-                        .map_err(|e| format!("segment {} unreadable: {e}", x.segment))?;
-                    open_files.entry(x.segment).or_insert(f)
-                }
+                None => match std::fs::File::open(seg_dir.join(segment_file_name(x.segment))) {
+                    Ok(f) => open_files.entry(x.segment).or_insert(f),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Ok(Err(format!("segment {} unreadable: {e}", x.segment)))
+                    }
+                    Err(e) => return Err(e),
+                },
             };
-            let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
-            std::os::unix::fs::FileExt::read_exact_at(f, &mut raw, x.seg_offset)
-                .map_err(|e| format!("read failed: {e}"))?;
-            crate::read::verify_extent(id, x, &raw).map(|_| ())
-        })();
+            verify_stored(f, id, x)
+        })()?;
         pr.advance(x.footprint());
         if let Err(why) = check {
             let kind = if why.contains("missing") {
@@ -485,11 +486,28 @@ pub(super) fn check_extents(
             fx.set_refs.push((id, n));
         }
     }
-    ExtentUse {
+    Ok(ExtentUse {
         live,
         stat_calc,
         disk,
         max_ext,
+    })
+}
+
+/// Reads extent `id` (record `x`) from its segment file `f` and verifies it: `Ok(Err(why))`
+/// when it is damaged or missing (the file ends before it), `Err` when the device fails.
+pub(super) fn verify_stored(
+    f: &std::fs::File,
+    id: u64,
+    x: &ExtentRec,
+) -> std::io::Result<std::result::Result<(), String>> {
+    let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
+    match std::os::unix::fs::FileExt::read_exact_at(f, &mut raw, x.seg_offset) {
+        Ok(()) => Ok(crate::read::verify_extent(id, x, &raw).map(|_| ())),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Ok(Err(format!("read failed: {e}")))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -733,4 +751,36 @@ pub(super) fn check_counters(
         fx.counters.push((meta::NEXT_EXTENT, max_ext + 1));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read that fails on the device is an I/O error (the check stops); a segment that ends
+    /// before the extent is damage (reported, repairable).
+    #[test]
+    fn a_device_error_is_not_a_damaged_extent() {
+        let x = ExtentRec {
+            segment: 1,
+            seg_offset: 64,
+            stored_len: 10,
+            raw_len: 10,
+            codec: 0,
+            level: 0,
+            crc: 0,
+            refs: 1,
+            ino: 2,
+        };
+        let t = tempfile::tempdir().unwrap();
+        // Reading a directory fails with EISDIR: a stand-in for a failing device.
+        let dir = std::fs::File::open(t.path()).unwrap();
+        let e = verify_stored(&dir, 1, &x).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+        let short = t.path().join("short");
+        std::fs::write(&short, [0u8; 70]).unwrap();
+        let f = std::fs::File::open(&short).unwrap();
+        let why = verify_stored(&f, 1, &x).unwrap().unwrap_err();
+        assert!(why.starts_with("read failed"), "{why}");
+    }
 }
