@@ -35,11 +35,13 @@ mod gc;
 mod meta;
 mod namespace;
 mod pool;
+pub mod serve_lock;
 mod store;
 mod types;
 
 pub use compfs_codec::{CodecSpec, Mode};
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckProblem, FsckReport, ProblemKind};
+pub use serve_lock::{wait_until_released, ServeLock};
 pub use store::{uuid_string, Store, Tuning};
 pub use types::*;

@@ -12,7 +12,7 @@ use compfs_blk::server::{self, control_path, control_request};
 use compfs_blk::{Config, Export, PageStore, Stats};
 use compfs_codec::CodecSpec;
 
-use super::util::{human, parse_size};
+use compfs_codec::{human, parse_size};
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
