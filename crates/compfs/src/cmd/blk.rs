@@ -35,13 +35,13 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Device size (K, M, G, T suffixes; rounded up to 4 KiB).
-    #[arg(long, default_value = "4G")]
+    #[arg(long, default_value = "4G", allow_hyphen_values = true)]
     size: String,
     /// Primary codec: lz4, lzo, zstd[:N], zlib[:N].
     #[arg(long, default_value = "lzo")]
     algo: String,
     /// Memory limit for stored pages (0: none); writes past it fail with ENOSPC.
-    #[arg(long, default_value = "0")]
+    #[arg(long, default_value = "0", allow_hyphen_values = true)]
     mem_limit: String,
     /// Backing file for `writeback` (created if missing).
     #[arg(long)]

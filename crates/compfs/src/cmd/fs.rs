@@ -96,8 +96,11 @@ pub fn umount(a: UmountArgs) -> Result<ExitCode> {
 /// `compfs mount`.
 pub fn mount(a: MountArgs) -> Result<ExitCode> {
     let opts = MountOptions::parse(&a.options)?;
-    for w in &opts.warnings {
-        eprintln!("compfs: warning: {w}");
+    // The daemon started by spawn_daemon parses the same options: the parent warns once.
+    if !a.notify_ready {
+        for w in &opts.warnings {
+            eprintln!("compfs: warning: {w}");
+        }
     }
     if !Store::is_store(&a.store) {
         bail!(

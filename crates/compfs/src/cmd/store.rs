@@ -13,7 +13,7 @@ pub struct MkfsArgs {
     /// Directory to hold the store (created if missing; must be empty unless --force).
     pub store: PathBuf,
     /// Extent size: a power of two from 4K to 1M.
-    #[arg(long, default_value = "128K")]
+    #[arg(long, default_value = "128K", allow_hyphen_values = true)]
     pub extent_size: String,
     /// Default compression (btrfs syntax: zstd:3, zlib:9, lzo, lz4, none); the heuristic
     /// decides per extent whether to try, like `compress=`.
