@@ -85,7 +85,7 @@ impl Compressor {
 
     /// Compresses `src` into `dst` (cleared first; its capacity is reused) and returns the
     /// compressed length. This does not decide whether the result is worth keeping: see
-    /// [`crate::extent::compress_extent`].
+    /// [`crate::ExtentEncoder::encode`].
     pub fn compress(
         &mut self,
         spec: CodecSpec,

@@ -37,8 +37,12 @@ pub struct ServeArgs {
     /// Device size (K, M, G, T suffixes; rounded up to 4 KiB).
     #[arg(long, default_value = "4G", allow_hyphen_values = true)]
     size: String,
-    /// Primary codec: lz4, lzo, zstd[:N], zlib[:N].
-    #[arg(long, default_value = "lzo")]
+    // Primary codec (help text as an attribute: rustdoc would read [:N] as a link).
+    #[arg(
+        long,
+        default_value = "lzo",
+        help = "Primary codec: lz4, lzo, zstd[:N], zlib[:N]"
+    )]
     algo: String,
     /// Memory limit for stored pages (0: none); writes past it fail with ENOSPC.
     #[arg(long, default_value = "0", allow_hyphen_values = true)]

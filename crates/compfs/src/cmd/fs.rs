@@ -27,10 +27,14 @@ pub struct MountArgs {
     pub store: PathBuf,
     /// Directory to mount on.
     pub mountpoint: PathBuf,
-    /// Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]],
-    /// compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, threads=N,
-    /// fuse_threads=N, noexec, nosuid, nodev, noatime.
-    #[arg(short = 'o', value_name = "OPTIONS")]
+    // Mount options (help text as an attribute: rustdoc would read [=ALG] as a link).
+    #[arg(
+        short = 'o',
+        value_name = "OPTIONS",
+        help = "Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]], \
+                compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, \
+                threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime"
+    )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
     #[arg(short = 'f', long)]
