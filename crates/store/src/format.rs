@@ -138,6 +138,7 @@ impl Superblock {
         if version == 0 || u32_at(b, 12) != SB_LEN as u32 {
             return Err(SbError::BadField("version or header length".into()));
         }
+        check_reserved("superblock", b, 39..40).map_err(SbError::BadField)?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         let extent_size = u32_at(b, 32);
@@ -198,6 +199,8 @@ impl SegmentHeader {
         if crc32c::crc32c(&b[0..40]) != u32_at(b, 40) {
             return Err("segment header checksum mismatch".into());
         }
+        check_reserved("segment header", b, 12..16)?;
+        check_reserved("segment header", b, 44..64)?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         Ok(SegmentHeader {
@@ -251,6 +254,7 @@ impl ExtentHeader {
         if crc32c::crc32c(&b[0..44]) != u32_at(b, 44) {
             return Err("extent header checksum mismatch".into());
         }
+        check_reserved("extent header", b, 6..8)?;
         let h = ExtentHeader {
             codec: b[4],
             level: b[5] as i8,
@@ -283,6 +287,18 @@ fn check_lengths(what: &str, raw: usize, stored: usize) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Rejects non-zero reserved bytes: every version-1 writer leaves them zero, so anything else
+/// is damage (or a newer format this version must not guess at).
+fn check_reserved(what: &str, b: &[u8], range: std::ops::Range<usize>) -> Result<(), String> {
+    match b.get(range.clone()) {
+        Some(r) if r.iter().all(|&x| x == 0) => Ok(()),
+        _ => Err(format!(
+            "{what}: reserved bytes {}..{} are not zero",
+            range.start, range.end
+        )),
+    }
 }
 
 /// Bad metadata value.
@@ -378,6 +394,8 @@ impl InodeRec {
             return Err(short("inode", b.len()));
         }
         let kind = FileKind::from_code(b[1]).ok_or_else(|| format!("bad inode kind {}", b[1]))?;
+        check_reserved("inode", b, 20..24)?;
+        check_reserved("inode", b, 106..108)?;
         let inline = if b[104] == 0xff {
             if b.len() != INODE_FIXED {
                 return Err(short("inode", b.len()));
@@ -511,6 +529,7 @@ impl ExtentRec {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
         }
+        check_reserved("extent", b, 26..28)?;
         check_lengths("extent", u32_at(b, 20) as usize, u32_at(b, 16) as usize)?;
         Ok(ExtentRec {
             segment: u64_at(b, 0),
@@ -622,6 +641,112 @@ mod tests {
             Superblock::decode(&fut.encode()),
             Err(SbError::FutureVersion(2))
         );
+    }
+
+    /// Sets byte `i` of an encoding to 1 and, where a CRC covers it, fixes the CRC so that only
+    /// the reserved-byte check can reject it.
+    fn poke(b: &mut [u8], i: usize, crc: Option<(std::ops::Range<usize>, usize)>) {
+        b[i] = 1;
+        if let Some((covered, at)) = crc {
+            let c = crc32c::crc32c(&b[covered]);
+            b[at..at + 4].copy_from_slice(&c.to_le_bytes());
+        }
+    }
+
+    #[test]
+    fn reserved_bytes_must_be_zero() {
+        let sb = Superblock {
+            version: 1,
+            uuid: [7; 16],
+            extent_size: 131072,
+            codec: CodecSpec::parse("zstd:5").unwrap().spec,
+            mode: Mode::Force,
+            inline_max: 2048,
+            segment_size: 64 << 20,
+            created: 12345,
+        };
+        let mut b = sb.encode();
+        poke(&mut b, 39, Some((0..60, 60)));
+        assert!(matches!(Superblock::decode(&b), Err(SbError::BadField(_))));
+
+        let seg = SegmentHeader {
+            version: 1,
+            uuid: [1; 16],
+            id: 4,
+        };
+        for i in (12..16).chain(44..64) {
+            let mut b = seg.encode();
+            assert!(SegmentHeader::decode(&b).is_ok());
+            poke(&mut b, i, Some((0..40, 40)));
+            assert!(
+                SegmentHeader::decode(&b).is_err(),
+                "segment header byte {i}"
+            );
+        }
+
+        let h = ExtentHeader {
+            codec: 3,
+            level: 1,
+            raw_len: 4096,
+            stored_len: 100,
+            id: 1,
+            ino: 2,
+            file_offset: 0,
+            crc: 5,
+        };
+        for i in 6..8 {
+            let mut b = h.encode();
+            poke(&mut b, i, Some((0..44, 44)));
+            assert!(ExtentHeader::decode(&b).is_err(), "extent header byte {i}");
+        }
+
+        let t = Timestamp { secs: 1, nsecs: 2 };
+        let inode = InodeRec {
+            kind: FileKind::File,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 3,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            parent: 0,
+            next_seq: 0,
+            disk_bytes: 0,
+            inline: Some(Inline {
+                codec: 0,
+                level: 0,
+                raw_len: 3,
+                bytes: b"abc".to_vec(),
+            }),
+        };
+        for i in (20..24).chain(106..108) {
+            let mut b = inode.encode();
+            assert!(InodeRec::decode(&b).is_ok());
+            poke(&mut b, i, None);
+            assert!(InodeRec::decode(&b).is_err(), "inode byte {i}");
+        }
+
+        let e = ExtentRec {
+            segment: 1,
+            seg_offset: 64,
+            stored_len: 100,
+            raw_len: 4096,
+            codec: 3,
+            level: 1,
+            crc: 5,
+            refs: 1,
+            ino: 2,
+        };
+        for i in 26..28 {
+            let mut b = e.encode();
+            assert!(ExtentRec::decode(&b).is_ok());
+            poke(&mut b, i, None);
+            assert!(ExtentRec::decode(&b).is_err(), "extent record byte {i}");
+        }
     }
 
     #[test]
