@@ -343,17 +343,7 @@ mod tests {
     }
 
     fn text(n: usize) -> Vec<u8> {
-        let words = [
-            "the ", "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ", "dog\n",
-        ];
-        let mut v = Vec::new();
-        let mut i = 0usize;
-        while v.len() < n {
-            v.extend_from_slice(words[(i * 7 + i / 3) % words.len()].as_bytes());
-            i += 1;
-        }
-        v.truncate(n);
-        v
+        compfs_testdata::text(n, 1)
     }
 
     #[test]
