@@ -9,9 +9,11 @@ pub mod mount;
 pub mod options;
 pub mod report;
 pub mod usage;
+pub mod walk;
 
 pub use adapter::CompFs;
 pub use error::{OptionError, RecordError};
 pub use mount::{serve, MountError};
 pub use options::MountOptions;
 pub use usage::{Figures, UsageReport};
+pub use walk::{add_tree_usage, UsageError};

@@ -110,6 +110,13 @@ pub enum DecodeError {
         raw: usize,
         stored: usize,
     },
+    /// Reserved bytes that are not zero (every version-1 writer leaves them zero).
+    #[error("{what}: reserved bytes {start}..{end} are not zero")]
+    Reserved {
+        what: &'static str,
+        start: usize,
+        end: usize,
+    },
     /// An extent-map entry of length 0.
     #[error("empty extent map entry")]
     EmptyMapEntry,
@@ -178,6 +185,7 @@ impl Superblock {
         if version == 0 || u32_at(b, 12) != SB_LEN as u32 {
             return Err(SbError::BadField("version or header length".into()));
         }
+        check_reserved("superblock", b, 39..40).map_err(|e| SbError::BadField(e.to_string()))?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         let extent_size = u32_at(b, 32);
@@ -243,6 +251,8 @@ impl SegmentHeader {
                 what: "segment header",
             });
         }
+        check_reserved("segment header", b, 12..16)?;
+        check_reserved("segment header", b, 44..64)?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         Ok(SegmentHeader {
@@ -301,6 +311,7 @@ impl ExtentHeader {
                 what: "extent header",
             });
         }
+        check_reserved("extent header", b, 6..8)?;
         let h = ExtentHeader {
             codec: b[4],
             level: b[5] as i8,
@@ -331,6 +342,23 @@ fn check_lengths(what: &'static str, raw: usize, stored: usize) -> Result<(), De
         return Err(DecodeError::ImplausibleLengths { what, raw, stored });
     }
     Ok(())
+}
+
+/// Rejects non-zero reserved bytes: every version-1 writer leaves them zero, so anything else
+/// is damage (or a newer format this version must not guess at).
+fn check_reserved(
+    what: &'static str,
+    b: &[u8],
+    range: std::ops::Range<usize>,
+) -> Result<(), DecodeError> {
+    match b.get(range.clone()) {
+        Some(r) if r.iter().all(|&x| x == 0) => Ok(()),
+        _ => Err(DecodeError::Reserved {
+            what,
+            start: range.start,
+            end: range.end,
+        }),
+    }
 }
 
 /// Bad metadata value.
@@ -429,6 +457,8 @@ impl InodeRec {
             what: "inode",
             code: b[1],
         })?;
+        check_reserved("inode", b, 20..24)?;
+        check_reserved("inode", b, 106..108)?;
         let inline = if b[104] == 0xff {
             if b.len() != INODE_FIXED {
                 return Err(short("inode", b.len()));
@@ -584,6 +614,7 @@ impl ExtentRec {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
         }
+        check_reserved("extent", b, 26..28)?;
         check_lengths("extent", u32_at(b, 20) as usize, u32_at(b, 16) as usize)?;
         Ok(ExtentRec {
             segment: u64_at(b, 0),
