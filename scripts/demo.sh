@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: the compfs filesystem demo. Installs what is missing, builds compfs, creates a
-# store in a temporary directory, mounts it with compress=zstd:3, copies a few hundred MB of
+# The main job: the compfs filesystem demo. Installs what is missing (the Debian packages, and
+# Rust >= 1.85 with rustup when cargo is missing or older), builds compfs and installs it as
+# /usr/local/bin/compfs (when run as root; else it says how), creates a store in a temporary
+# directory, mounts it with compress=zstd:3, copies a few hundred MB of
 # data every Debian machine has (text-like /usr/share/doc, executable-like /usr/bin and
 # /usr/lib subsets), syncs, prints `compfs usage` and the time taken, verifies the copy byte
 # for byte, unmounts and cleans up.
@@ -9,13 +11,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 budget_mb=${1:-400}
 
-scripts/deps.sh fuse3
-if ! command -v cargo >/dev/null; then
-  echo "demo: cargo is missing; install Rust (https://rustup.rs) and run again" >&2
-  exit 1
-fi
+scripts/deps.sh cc fusermount3
+. scripts/toolchain.sh
 cargo build --release -p compfs
 bin=${CARGO_TARGET_DIR:-$PWD/target}/release/compfs
+prefix=${COMPFS_PREFIX:-/usr/local}
+if [ -w "$prefix/bin" ] || { [ ! -e "$prefix/bin" ] && [ "$(id -u)" -eq 0 ]; }; then
+  install -D -m 0755 "$bin" "$prefix/bin/compfs"
+  echo "installed $prefix/bin/compfs (built as $bin)"
+else
+  echo "built $bin; to put it on PATH: sudo install -m 0755 $bin $prefix/bin/compfs"
+fi
 
 # On disk (not tmpfs) so the figures mean something.
 work=$(mktemp -d /var/tmp/compfs-demo.XXXXXX)

@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+. scripts/toolchain.sh
 cargo build --workspace --bins
 cargo test --workspace 2>&1

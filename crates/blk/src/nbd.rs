@@ -1,4 +1,4 @@
-//! The NBD protocol (https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md),
+//! The NBD protocol (<https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md>),
 //! server side: fixed newstyle handshake with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME, and the
 //! transmission phase with simple replies. docs/nbd.md lists what is implemented and why this
 //! is not built on the `nbd` crate.

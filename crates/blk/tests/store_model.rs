@@ -21,57 +21,13 @@ fn store(pages: u64, algo: &str, recomp: &[&str], limit: u64) -> PageStore {
     .unwrap()
 }
 
-/// Deterministic pseudo-random bytes (xorshift), incompressible.
+/// Incompressible and text-like pages (the shared generators).
 fn random_page(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..PAGE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    compfs_testdata::random(PAGE, seed)
 }
 
-/// English-like text, compresses to roughly half.
 fn text_page(seed: u64) -> Vec<u8> {
-    let words = [
-        "the",
-        "page",
-        "store",
-        "compresses",
-        "every",
-        "block",
-        "of",
-        "memory",
-        "alone",
-        "and",
-        "zram",
-        "keeps",
-        "same",
-        "filled",
-        "pages",
-        "as",
-        "one",
-        "word",
-        "while",
-        "huge",
-    ];
-    let mut out = Vec::with_capacity(PAGE);
-    let mut x = seed + 1;
-    while out.len() < PAGE {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        out.extend_from_slice(words[(x >> 33) as usize % words.len()].as_bytes());
-        out.push(if (x >> 20) % 11 == 0 { b'\n' } else { b' ' });
-        if (x >> 40) % 7 == 0 {
-            out.extend_from_slice(format!("{} ", (x >> 45) % 100_000).as_bytes());
-        }
-    }
-    out.truncate(PAGE);
-    out
+    compfs_testdata::text(PAGE, seed)
 }
 
 fn read_all(s: &PageStore) -> Vec<u8> {

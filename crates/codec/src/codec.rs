@@ -85,7 +85,7 @@ impl Compressor {
 
     /// Compresses `src` into `dst` (cleared first; its capacity is reused) and returns the
     /// compressed length. This does not decide whether the result is worth keeping: see
-    /// [`crate::extent::compress_extent`].
+    /// [`crate::ExtentEncoder::encode`].
     pub fn compress(
         &mut self,
         spec: CodecSpec,
@@ -343,17 +343,7 @@ mod tests {
     }
 
     fn text(n: usize) -> Vec<u8> {
-        let words = [
-            "the ", "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ", "dog\n",
-        ];
-        let mut v = Vec::new();
-        let mut i = 0usize;
-        while v.len() < n {
-            v.extend_from_slice(words[(i * 7 + i / 3) % words.len()].as_bytes());
-            i += 1;
-        }
-        v.truncate(n);
-        v
+        compfs_testdata::text(n, 1)
     }
 
     #[test]

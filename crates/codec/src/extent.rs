@@ -166,15 +166,7 @@ mod tests {
     #[test]
     fn force_vs_heuristic_on_random_and_text() {
         let mut e = ExtentEncoder::new();
-        let mut s = 99u64;
-        let random: Vec<u8> = (0..131072)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect();
+        let random = compfs_testdata::random(131072, 99);
         let text: Vec<u8> = b"lorem ipsum dolor sit amet "
             .iter()
             .cycle()

@@ -317,17 +317,7 @@ impl Heuristic {
 mod tests {
     use super::*;
 
-    fn random(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 24) as u8
-            })
-            .collect()
-    }
+    use compfs_testdata::random;
 
     #[test]
     fn ilog2_w_matches_kernel_definition() {
@@ -414,24 +404,7 @@ mod tests {
     #[test]
     fn already_compressed_data_is_near_random() {
         // zstd output of text-like data: what a .zst or .gz file holds.
-        let mut text = Vec::new();
-        let mut s = 77u64;
-        while text.len() < 1 << 20 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let words = [
-                "extent ",
-                "sector ",
-                "the ",
-                "of ",
-                "compress ",
-                "zstd ",
-                "\n",
-            ];
-            text.extend_from_slice(words[(s % words.len() as u64) as usize].as_bytes());
-            text.extend_from_slice(&(s >> 40).to_string().into_bytes());
-        }
+        let text = compfs_testdata::text(1 << 20, 77);
         let mut c = crate::codec::Compressor::new();
         let mut z = Vec::new();
         let mut packed = Vec::new();

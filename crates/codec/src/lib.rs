@@ -10,6 +10,7 @@ pub mod extent;
 pub mod heuristic;
 pub mod lz4;
 pub mod lzo;
+pub mod size;
 pub mod spec;
 
 pub use codec::{
@@ -19,6 +20,7 @@ pub use codec::{
 pub use error::{CodecError, SpecError};
 pub use extent::{worth_it, ExtentEncoder, ExtentOutcome, ExtentPolicy, MinSaving, RawReason};
 pub use heuristic::{btrfs_heuristic, Heuristic, Reason, Verdict};
+pub use size::{human, parse_size, SizeError};
 pub use spec::{
     bare_compress, parse_level_list, Algorithm, AlgorithmInfo, CodecSpec, LevelAdjustment, Mode,
     Parsed, ALGORITHMS, VALID_FORMS,

@@ -47,15 +47,27 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// Compress files in extent-sized blocks with every codec and level; print ratio and speed.
-    Codecs(cmd::bench_codecs::Args),
+    Codecs(compfs_bench::codecs::Args),
     /// The filesystem against kernel btrfs: copy/read MB/s and ratio per method, untar, fio.
-    Fs(cmd::bench_fs::Args),
+    Fs(compfs_bench::fs::Args),
     /// compfs blk against kernel zram and nbdkit memory: ratio, memory, fio IOPS.
-    Blk(cmd::bench_blk::Args),
+    Blk(compfs_bench::blk::Args),
     /// The store: sequential write speed vs single-thread compression, GC, random 4K overwrites.
-    Store(cmd::store::BenchArgs),
+    Store(compfs_bench::store::Args),
     /// Judge the compression heuristic: agreement with real outcomes, speed, ratio vs force mode.
-    Heuristic(cmd::bench_heuristic::Args),
+    Heuristic(compfs_bench::heuristic::Args),
+}
+
+/// `compfs bench …`: the harness lives in the compfs-bench library.
+fn bench(b: BenchCommand) -> anyhow::Result<ExitCode> {
+    match b {
+        BenchCommand::Codecs(a) => compfs_bench::codecs::run(a),
+        BenchCommand::Fs(a) => compfs_bench::fs::run(a),
+        BenchCommand::Blk(a) => compfs_bench::blk::run(a),
+        BenchCommand::Store(a) => compfs_bench::store::run(a),
+        BenchCommand::Heuristic(a) => compfs_bench::heuristic::run(a),
+    }?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -88,10 +100,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(BenchCommand::Codecs(a)) => cmd::bench_codecs::run(a),
-        Command::Bench(BenchCommand::Fs(a)) => cmd::bench_fs::run_bench(a),
-        Command::Bench(BenchCommand::Blk(a)) => cmd::bench_blk::run(a),
-        Command::Bench(BenchCommand::Heuristic(a)) => cmd::bench_heuristic::run(a),
+        Command::Bench(b) => bench(b),
         Command::Mount(a) => cmd::fs::mount(a),
         Command::Usage(a) => cmd::fs::usage(a),
         Command::Property(c) => cmd::fs::property(c),
@@ -100,7 +109,6 @@ fn main() -> ExitCode {
         Command::Mkfs(a) => cmd::store::mkfs(a),
         Command::Fsck(a) => cmd::store::fsck_cmd(a),
         Command::Gc(a) => cmd::store::gc(a),
-        Command::Bench(BenchCommand::Store(a)) => cmd::store::bench(a),
         Command::Blk(c) => cmd::blk::run(c),
     };
     match result {

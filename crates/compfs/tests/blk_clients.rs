@@ -146,47 +146,7 @@ fn qemu_io(uri: &str, cmds: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-fn text_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let words = [
-        "network",
-        "block",
-        "device",
-        "compressed",
-        "memory",
-        "page",
-        "zram",
-        "qemu",
-        "fuse",
-        "export",
-        "the",
-        "a",
-        "of",
-        "and",
-    ];
-    let mut out = Vec::with_capacity(n);
-    let mut x = seed + 7;
-    while out.len() < n {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        out.extend_from_slice(words[(x >> 33) as usize % words.len()].as_bytes());
-        out.extend_from_slice(if (x >> 21) % 9 == 0 { b".\n" } else { b" " });
-    }
-    out.truncate(n);
-    out
-}
+use compfs_testdata::{random as random_bytes, text as text_bytes};
 
 fn sha(path: &Path) -> String {
     let o = run(Command::new("sha256sum").arg(path));

@@ -20,12 +20,7 @@ fn compfs(args: &[&str]) -> (i32, String, String) {
 }
 
 fn text(n: usize) -> Vec<u8> {
-    b"the quick brown fox jumps over the lazy dog 0123456789\n"
-        .iter()
-        .copied()
-        .cycle()
-        .take(n)
-        .collect()
+    compfs_testdata::text(n, 1)
 }
 
 /// A unique temporary directory, removed on drop (also when the test fails).

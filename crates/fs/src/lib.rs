@@ -11,9 +11,11 @@ pub mod options;
 pub mod privilege;
 pub mod report;
 pub mod usage;
+pub mod walk;
 
 pub use adapter::CompFs;
 pub use error::{OptionError, RecordError};
 pub use mount::{serve, MountError};
 pub use options::MountOptions;
 pub use usage::{Figures, UsageReport};
+pub use walk::{add_tree_usage, UsageError};

@@ -74,8 +74,7 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
 /// `fuse.compfs` in /proc/mounts. fuser passes `Subtype` only to fusermount3; when root mounts
 /// directly with mount(2) it must go to the kernel as the `subtype=` option instead.
 fn subtype_option() -> MountOption {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         MountOption::CUSTOM("subtype=compfs".to_string())
     } else {
         MountOption::Subtype("compfs".to_string())
@@ -169,6 +168,22 @@ fn lazy_unmount(mountpoint: &Path) {
     }
 }
 
+/// Checks that `mountpoint` is an existing directory, with a message for each way it is not.
+pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
+    let detail = match std::fs::metadata(mountpoint) {
+        Ok(md) if md.is_dir() => return Ok(()),
+        Ok(_) => "not a directory".to_string(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            "does not exist; create it with mkdir".to_string()
+        }
+        Err(e) => e.to_string(),
+    };
+    Err(MountError::MountPoint {
+        path: mountpoint.to_path_buf(),
+        detail,
+    })
+}
+
 /// Mounts `store` at `mountpoint` and serves requests until the file system is unmounted.
 /// `ready` runs once the kernel has completed the FUSE handshake (the mount is usable).
 /// The store is synced and closed before returning.
@@ -179,19 +194,19 @@ pub fn serve(
     o: &MountOptions,
     ready: impl FnOnce(),
 ) -> Result<(), MountError> {
-    let md = std::fs::metadata(mountpoint).map_err(|e| MountError::MountPoint {
-        path: mountpoint.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    if !md.is_dir() {
-        return Err(MountError::MountPoint {
-            path: mountpoint.to_path_buf(),
-            detail: "not a directory".to_string(),
-        });
-    }
+    check_mountpoint(mountpoint)?;
     // Held until the store is closed (dropped last): `compfs umount` waits for it, because
     // the kernel does not wait for a FUSE daemon when unmounting.
-    let _serving = hold_serving_lock(store_dir);
+    let _serving = match compfs_store::ServeLock::acquire(store_dir) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(
+                "cannot lock {}: {e}; `compfs umount` will not wait for this mount",
+                store_dir.display()
+            );
+            None
+        }
+    };
     let store = Arc::new(store);
     let fs = CompFs::new(store.clone()).with_atime(o.atime);
     let cfg = fuse_config(store_dir, o);
@@ -242,13 +257,7 @@ pub fn serve(
 /// `statfs` through the mount to return: the kernel applies the FUSE handshake's readahead
 /// limit when the handshake completes, which would undo an earlier change.
 fn set_readahead(mountpoint: &Path, bytes: u32) -> std::io::Result<()> {
-    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
-        .map_err(std::io::Error::other)?;
-    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    rustix::fs::statvfs(mountpoint)?;
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
     let dev = compfs_mount_device(&info, mountpoint)
         .ok_or_else(|| std::io::Error::other("the mount is not in /proc/self/mountinfo"))?;
@@ -258,44 +267,73 @@ fn set_readahead(mountpoint: &Path, bytes: u32) -> std::io::Result<()> {
     )
 }
 
-/// Takes an exclusive `flock` on the store's superblock file for as long as the returned file
-/// lives (the daemon's lifetime; the kernel drops it if the process dies). No store code locks
-/// this file; see [`wait_until_closed`].
-fn hold_serving_lock(store_dir: &Path) -> Option<std::fs::File> {
-    let f = std::fs::File::open(store_dir.join(compfs_store::format::SUPERBLOCK_FILE)).ok()?;
-    // SAFETY: flock on a descriptor we own.
-    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
-    if r != 0 {
-        tracing::warn!(
-            "cannot lock {}: {}; `compfs umount` will not wait for this mount",
-            store_dir.display(),
-            std::io::Error::last_os_error()
-        );
-        return None;
-    }
-    Some(f)
+/// Why `compfs umount` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnmountError {
+    #[error("{} is not a compfs mount point (see /proc/self/mountinfo)", .0.display())]
+    NotMounted(PathBuf),
+    #[error("cannot unmount {p}: it is busy; close the files and shells using it (`fuser -m {p}` lists them)", p = .0.display())]
+    Busy(PathBuf),
+    #[error("cannot unmount {}: {err}", path.display())]
+    Unmount { path: PathBuf, err: io::Error },
+    #[error("running fusermount3 (install the fuse3 package): {0}")]
+    NoFusermount(io::Error),
+    #[error("fusermount3 -u {} failed", .0.display())]
+    Fusermount(PathBuf),
+    #[error("waiting for store {}: {err}", store.display())]
+    Wait { store: PathBuf, err: io::Error },
+    #[error("unmounted {}, but its daemon still holds store {} after {secs} s; it may still be writing back", mountpoint.display(), store.display())]
+    StillServing {
+        mountpoint: PathBuf,
+        store: PathBuf,
+        secs: u64,
+    },
 }
 
-/// Waits until no daemon serves the store at `store_dir` any more (it released the lock of
-/// [`hold_serving_lock`] after its final durable commit, or died). False on timeout.
-pub fn wait_until_closed(store_dir: &Path, timeout: Duration) -> std::io::Result<bool> {
-    let f = std::fs::File::open(store_dir.join(compfs_store::format::SUPERBLOCK_FILE))?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    let deadline = Instant::now() + timeout;
-    loop {
-        // SAFETY: flock on a descriptor we own; the shared lock is released when `f` closes.
-        if unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-            return Ok(true);
+/// Unmounts the compfs mount at `mountpoint`, then waits up to `timeout` until its daemon has
+/// made everything durable and closed the store. Plain `umount` returns as soon as the kernel
+/// detaches the mount: the kernel does not wait for a FUSE daemon (see
+/// [`compfs_store::serve_lock`]), so the final flush and durable commit may still be running.
+pub fn unmount_and_wait(mountpoint: &Path, timeout: Duration) -> Result<(), UnmountError> {
+    let Some(store) = mounted_store(mountpoint) else {
+        return Err(UnmountError::NotMounted(mountpoint.to_path_buf()));
+    };
+    if rustix::process::geteuid().is_root() {
+        match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::empty()) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::BUSY) => {
+                return Err(UnmountError::Busy(mountpoint.to_path_buf()))
+            }
+            Err(e) => {
+                return Err(UnmountError::Unmount {
+                    path: mountpoint.to_path_buf(),
+                    err: e.into(),
+                })
+            }
         }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(e);
+    } else {
+        let st = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(mountpoint)
+            .status()
+            .map_err(UnmountError::NoFusermount)?;
+        if !st.success() {
+            return Err(UnmountError::Fusermount(mountpoint.to_path_buf()));
         }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
+    let closed =
+        compfs_store::wait_until_released(&store, timeout).map_err(|err| UnmountError::Wait {
+            store: store.clone(),
+            err,
+        })?;
+    if !closed {
+        return Err(UnmountError::StillServing {
+            mountpoint: mountpoint.to_path_buf(),
+            store,
+            secs: timeout.as_secs(),
+        });
+    }
+    Ok(())
 }
 
 /// The `mount(2)` flags of `mount -o remount,OPTS` for a mount whose `statvfs` flags are
@@ -443,6 +481,20 @@ fn compfs_mount_field<T>(
 pub fn is_compfs_mount(path: &Path) -> bool {
     std::fs::read_to_string("/proc/self/mountinfo")
         .is_ok_and(|info| compfs_mount_device(&info, path).is_some())
+}
+
+/// Is the file system with device number `dev` (`st_dev`) a compfs mount?
+pub fn is_on_compfs(dev: u64) -> bool {
+    let want = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
+        info.lines().any(|l| {
+            let Some((left, right)) = l.split_once(" - ") else {
+                return false;
+            };
+            left.split(' ').nth(2) == Some(want.as_str())
+                && right.split(' ').next() == Some("fuse.compfs")
+        })
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

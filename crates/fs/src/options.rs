@@ -198,7 +198,7 @@ impl MountOptions {
             ("allow_other", None) => self.allow_other = true,
             ("allow_root", None) => self.allow_root = true,
             ("cache", Some(v)) => {
-                let n = parse_bytes(v).ok_or_else(|| OptionError::BadValue {
+                let n = compfs_codec::parse_size(v).map_err(|_| OptionError::BadValue {
                     option: opt.to_string(),
                     expected: "a size such as 64M, 512K or 1G",
                 })?;
@@ -209,7 +209,8 @@ impl MountOptions {
             }
             ("readahead", Some(v)) => {
                 const MAX: u64 = 64 << 20;
-                self.readahead = parse_bytes(v)
+                self.readahead = compfs_codec::parse_size(v)
+                    .ok()
                     .filter(|&n| n <= MAX)
                     .map(|n| n as u32)
                     .ok_or_else(|| OptionError::BadValue {
@@ -303,25 +304,6 @@ fn parse_count(opt: &str, v: &str) -> Result<usize, OptionError> {
             expected: "a count from 1 to 256",
         }),
     }
-}
-
-/// `64M`, `512K`, `1G`, `4096` (binary units). `None` on anything else or on overflow.
-pub fn parse_bytes(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    if digits.is_empty() {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        _ => return None,
-    };
-    n.checked_mul(1u64 << shift)
 }
 
 #[cfg(test)]
@@ -450,16 +432,17 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("64M"), Some(64 << 20));
-        assert_eq!(parse_bytes("512k"), Some(512 << 10));
-        assert_eq!(parse_bytes("1GiB"), Some(1 << 30));
-        assert_eq!(parse_bytes("4096"), Some(4096));
-        assert_eq!(parse_bytes(""), None);
-        assert_eq!(parse_bytes("M"), None);
-        assert_eq!(parse_bytes("12Q"), None);
-        assert_eq!(parse_bytes("-1M"), None);
-        assert_eq!(parse_bytes("99999999999999999999"), None);
+    fn sizes_use_the_one_parser() {
+        assert_eq!(parse("cache=64M").unwrap().cache_bytes, 64 << 20);
+        assert_eq!(parse("cache=1GiB").unwrap().cache_bytes, 1 << 30);
+        assert!(matches!(
+            parse("cache=-1M"),
+            Err(OptionError::BadValue { .. })
+        ));
+        assert!(matches!(
+            parse("cache=12Q"),
+            Err(OptionError::BadValue { .. })
+        ));
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use redb::ReadableTable;
 
 use crate::error::Result;
-use crate::format::InodeRec;
 use crate::meta::{dec, INODES};
+use crate::records::InodeRec;
 use crate::types::{Ino, Timestamp};
 
 /// Pending attribute values of one inode.

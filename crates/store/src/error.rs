@@ -61,7 +61,7 @@ pub enum Error {
     BadSuperblock { path: PathBuf, reason: String },
     #[error("{} already holds a compfs store or other files; use --force to overwrite it", .0.display())]
     AlreadyExists(PathBuf),
-    #[error("store {} is in use by another process", .0.display())]
+    #[error("store {} is in use by another process (mounted?); unmount it first", .0.display())]
     InUse(PathBuf),
 }
 

@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Result;
-use crate::format::{
+use crate::meta::{self, dec};
+use crate::records::{
     parse_segment_file_name, segment_file_name, ExtentRec, SegmentRec, EXT_HEADER_LEN,
 };
-use crate::meta::{self, dec};
 use crate::store::{lock, Inner, Store};
 use crate::types::GcReport;
 
@@ -48,8 +48,8 @@ impl Inner {
         let (mut total, mut live) = (0u64, 0u64);
         for (id, s) in segs {
             if id != active {
-                total += s.len;
-                live += s.live;
+                total = total.saturating_add(s.len);
+                live = live.saturating_add(s.live);
             }
         }
         let garbage = total.saturating_sub(live);
@@ -159,7 +159,7 @@ impl Inner {
                     let f = self.seg_file(victim)?;
                     f.read_exact_at(&mut raw, xr.seg_offset)?;
                 }
-                if crate::data::verify_extent(id, &xr, &raw).is_err() {
+                if crate::read::verify_extent(id, &xr, &raw).is_err() {
                     // A damaged extent stays where it is (fsck reports it); the segment stays.
                     tracing::warn!(
                         "compfs gc: extent {id} in segment {victim} is damaged; not moved"
@@ -195,8 +195,8 @@ impl Inner {
                         vs.live = vs.live.saturating_sub(cur.footprint());
                         w.put_segment(victim, &vs)?;
                         let mut ns = w.segment(new_seg)?;
-                        ns.live += cur.footprint();
-                        ns.len = ns.len.max(cur.seg_offset + cur.footprint());
+                        ns.live = ns.live.saturating_add(cur.footprint());
+                        ns.len = ns.len.max(cur.seg_offset.saturating_add(cur.footprint()));
                         w.put_segment(new_seg, &ns)?;
                         moved += 1;
                         bytes += cur.footprint();

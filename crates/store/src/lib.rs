@@ -26,20 +26,47 @@
 
 mod attrs;
 pub mod backend;
+mod background;
 mod cache;
-mod data;
+mod encode;
 mod error;
-pub mod format;
+mod file;
+mod fileops;
+mod flush;
 mod fsck;
 mod gc;
 mod meta;
 mod namespace;
+mod open;
 mod pool;
+mod read;
+mod records;
+mod segment;
+pub mod serve_lock;
+mod span;
+mod stats;
 mod store;
+mod txn;
 mod types;
+mod writeback;
+
+/// The parts of the on-disk layout that tools outside the store need: file names, header sizes
+/// and the superblock (see `docs/format.md`). The record encodings stay private to the store.
+pub mod format {
+    /// Every record encoding, for the store's own tests (feature `internals`); not API.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub use crate::records::*;
+    pub use crate::records::{
+        Superblock, EXT_HEADER_LEN, FORMAT_VERSION, META_FILE, SEGMENT_DIR, SEG_HEADER_LEN,
+        SUPERBLOCK_FILE,
+    };
+}
 
 pub use compfs_codec::{CodecSpec, Mode};
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckProblem, FsckReport, ProblemKind};
-pub use store::{uuid_string, Store, Tuning};
+pub use open::uuid_string;
+pub use serve_lock::{wait_until_released, ServeLock};
+pub use store::{Store, Tuning};
 pub use types::*;

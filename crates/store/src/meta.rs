@@ -7,9 +7,10 @@ use std::cell::OnceCell;
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use crate::error::{Error, Result};
-use crate::format::{
-    DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
+use crate::records::{
+    DecodeError, DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
 };
+use crate::span;
 use crate::types::{FileKind, Ino};
 
 pub(crate) const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
@@ -32,8 +33,9 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::CorruptMetadata(what.to_string())
 }
 
-pub(crate) fn dec<T>(r: std::result::Result<T, String>) -> Result<T> {
-    r.map_err(Error::CorruptMetadata)
+/// A record that does not decode is damaged metadata.
+pub(crate) fn dec<T>(r: std::result::Result<T, DecodeError>) -> Result<T> {
+    r.map_err(|e| Error::CorruptMetadata(e.to_string()))
 }
 
 pub(crate) fn u64_value(b: &[u8]) -> Result<u64> {
@@ -297,8 +299,8 @@ impl<'t> W<'t> {
         self.seg_extents_mut()?
             .insert((rec.segment, rec.seg_offset), id)?;
         let mut s = self.segment(rec.segment)?;
-        s.live += rec.footprint();
-        s.len = s.len.max(rec.seg_offset + rec.footprint());
+        s.live = s.live.saturating_add(rec.footprint());
+        s.len = s.len.max(rec.seg_offset.saturating_add(rec.footprint()));
         self.put_segment(rec.segment, &s)?;
         self.stat_adjust(
             rec.codec,
@@ -332,7 +334,8 @@ impl<'t> W<'t> {
             self.freed.push(id);
             return Ok(-(rec.stored_len as i64));
         }
-        rec.refs = refs as u32;
+        rec.refs = u32::try_from(refs)
+            .map_err(|_| corrupt(format!("extent {id} reference count above {}", u32::MAX)))?;
         self.extents_mut()?.insert(id, rec.encode().as_slice())?;
         Ok(0)
     }
@@ -352,7 +355,7 @@ impl<'t> W<'t> {
             let (k, v) = r?;
             let m = dec(MapRec::decode(v.value()))?;
             let off = k.value().1;
-            if off + m.len as u64 > start {
+            if off.saturating_add(m.len as u64) > start {
                 out.push((off, m));
             }
         }
@@ -369,30 +372,25 @@ impl<'t> W<'t> {
     pub(crate) fn map_remove_range(&mut self, ino: Ino, start: u64, end: u64) -> Result<i64> {
         let mut disk = 0i64;
         for (off, m) in self.map_overlapping(ino, start, end)? {
-            let e_end = off + m.len as u64;
             self.extmap_mut()?.remove((ino, off))?;
             let mut refs = -1i64;
             let mut kept = 0i64;
-            if off < start {
-                let left = MapRec {
-                    len: (start - off) as u32,
-                    ..m
-                };
-                self.extmap_mut()?
-                    .insert((ino, off), left.encode().as_slice())?;
-                refs += 1;
-                kept += left.len as i64;
-            }
-            if e_end > end {
-                let right = MapRec {
+            // The pieces left are computed by `span::cut`; this only writes them.
+            let whole = span::Piece {
+                file_off: off,
+                ext_offset: m.ext_offset,
+                len: m.len,
+            };
+            for p in span::cut(whole, start, end).into_iter().flatten() {
+                let rec = MapRec {
                     extent: m.extent,
-                    ext_offset: m.ext_offset + (end - off) as u32,
-                    len: (e_end - end) as u32,
+                    ext_offset: p.ext_offset,
+                    len: p.len,
                 };
                 self.extmap_mut()?
-                    .insert((ino, end), right.encode().as_slice())?;
+                    .insert((ino, p.file_off), rec.encode().as_slice())?;
                 refs += 1;
-                kept += right.len as i64;
+                kept += p.len as i64;
             }
             disk += self.extent_adjust(m.extent, refs, kept - m.len as i64)?;
         }

@@ -7,10 +7,10 @@ use compfs_codec::CodecSpec;
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::attrs::AttrPatch;
-use crate::data::inode_in;
 use crate::error::{Error, Result};
-use crate::format::{DirentRec, InodeRec};
 use crate::meta::{self, dec, W};
+use crate::read::inode_in;
+use crate::records::{DirentRec, InodeRec};
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
@@ -39,7 +39,7 @@ pub(crate) fn attr_of(ino: Ino, r: &InodeRec) -> Attr {
         gid: r.gid,
         rdev: r.rdev,
         size: r.size,
-        blocks: (r.disk_bytes + inline).div_ceil(512),
+        blocks: r.disk_bytes.saturating_add(inline).div_ceil(512),
         atime: r.atime,
         mtime: r.mtime,
         ctime: r.ctime,
@@ -160,7 +160,7 @@ impl Inner {
                 parent: if kind == FileKind::Dir { parent } else { 0 },
                 next_seq: 0,
                 disk_bytes: 0,
-                inline: target.map(|t| crate::format::Inline {
+                inline: target.map(|t| crate::records::Inline {
                     codec: 0,
                     level: 0,
                     raw_len: t.len() as u32,
@@ -323,7 +323,7 @@ impl Store {
             return Err(Error::InvalidArgument("not a symlink".into()));
         }
         match &r.inline {
-            Some(i) => crate::data::decode_inline(ino, i),
+            Some(i) => crate::read::decode_inline(ino, i),
             None => Err(meta::corrupt(format!("symlink {ino} has no target"))),
         }
     }

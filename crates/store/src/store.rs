@@ -1,30 +1,35 @@
-//! Opening, creating and closing stores; shared state; the segment appender; durability points
-//! and the read-only latch; the background flusher.
+//! Opening, creating and closing stores; the shared state ([`Inner`]) and its tuning knobs.
+//! The rest of the store lives in modules by concern: `txn` (transactions and the read-only
+//! latch), `segment` (the appender), `file`/`fileops`/`flush`/`encode`/`writeback`/`read` (file
+//! data), `background` (threads), `stats`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use compfs_codec::{CodecSpec, Mode};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
-use crate::attrs::{write_patches, Patches};
-use crate::backend::{Backend, FaultBackend, MetaFile, SegFile, StdBackend};
+use crate::attrs::Patches;
+use crate::backend::{Backend, FaultBackend, SegFile, StdBackend};
 use crate::cache::Lru;
 
 /// Number of [`Inner::loading`] stripes.
 pub(crate) const LOAD_STRIPES: usize = 64;
-use crate::data::FileState;
+use crate::background::Threads;
 use crate::error::{Error, Result};
-use crate::format::{
-    parse_segment_file_name, segment_file_name, InodeRec, SbError, SegmentHeader, Superblock,
-    FORMAT_VERSION, META_FILE, SEGMENT_DIR, SEG_HEADER_LEN, SUPERBLOCK_FILE,
-};
+use crate::file::FileState;
 use crate::meta::{self, W};
+use crate::open::{check_identity, meta_db, open_db_with, random_uuid, read_superblock, sync_dir};
 use crate::pool::Pool;
+use crate::records::{
+    parse_segment_file_name, InodeRec, Superblock, FORMAT_VERSION, META_FILE, SEGMENT_DIR,
+    SUPERBLOCK_FILE,
+};
+use crate::segment::{SegWriter, Unsynced};
+use crate::stats::Counters;
 use crate::types::*;
 
 /// Knobs beyond the API contract's options: mostly for tests and benchmarks.
@@ -86,35 +91,6 @@ impl Default for Tuning {
     }
 }
 
-/// Counters for [`Stats`] kept in memory since open.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub user_written: AtomicU64,
-    pub user_read: AtomicU64,
-    pub seg_written: AtomicU64,
-    pub compressed: [AtomicU64; 5],
-    pub raw: AtomicU64,
-    pub heuristic_skips: AtomicU64,
-    pub zero_blocks: AtomicU64,
-    pub gc_runs: AtomicU64,
-    pub gc_moved: AtomicU64,
-    pub gc_freed: AtomicU64,
-    pub cache_hits: AtomicU64,
-    pub cache_misses: AtomicU64,
-}
-
-/// The segment being appended to, and segments with appended but uncommitted extents.
-pub(crate) struct SegWriter {
-    pub id: u64,
-    pub file: Option<Arc<dyn SegFile>>,
-    pub end: u64,
-    pub next_id: u64,
-    pub pins: HashMap<u64, u32>,
-}
-
-/// A segment with unsynced bytes and the generation of its last append.
-pub(crate) type Unsynced = (Arc<dyn SegFile>, u64);
-
 pub(crate) struct Inner {
     pub dir: PathBuf,
     pub seg_dir: PathBuf,
@@ -171,9 +147,7 @@ pub(crate) struct Inner {
 /// ```
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
-    flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
-    writeback: Option<JoinHandle<()>>,
-    segsync: Option<JoinHandle<()>>,
+    threads: Threads,
     closed: bool,
 }
 
@@ -181,166 +155,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means a thread panicked while holding it; the protected data are plain
     // caches or counters that stay structurally valid, so continue with them.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn random_uuid() -> Result<[u8; 16]> {
-    use std::io::Read;
-    let mut u = [0u8; 16];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut u)?;
-    u[6] = (u[6] & 0x0f) | 0x40;
-    u[8] = (u[8] & 0x3f) | 0x80;
-    Ok(u)
-}
-
-/// Formats a UUID the usual way.
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
-fn sync_dir(p: &Path) -> Result<()> {
-    std::fs::File::open(p)?.sync_all()?;
-    Ok(())
-}
-
-/// Reads and checks the superblock of `dir`.
-pub(crate) fn read_superblock(dir: &Path) -> Result<Superblock> {
-    let not_store = |reason: String| Error::NotAStore {
-        path: dir.to_path_buf(),
-        reason,
-    };
-    if !dir.is_dir() {
-        return Err(not_store("not a directory".into()));
-    }
-    let p = dir.join(SUPERBLOCK_FILE);
-    let bytes = match std::fs::read(&p) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(not_store(format!("it has no {SUPERBLOCK_FILE}")))
-        }
-        Err(e) => return Err(Error::Io(e)),
-    };
-    Superblock::decode(&bytes).map_err(|e| match e {
-        SbError::BadMagic => not_store(format!(
-            "{SUPERBLOCK_FILE} has no compfs magic (written by another program?)"
-        )),
-        SbError::FutureVersion(v) => Error::UnsupportedVersion {
-            path: dir.to_path_buf(),
-            found: v,
-            supported: FORMAT_VERSION,
-        },
-        SbError::Truncated(n) => Error::BadSuperblock {
-            path: p.clone(),
-            reason: format!("truncated to {n} bytes"),
-        },
-        SbError::BadChecksum { stored, computed } => Error::BadSuperblock {
-            path: p.clone(),
-            reason: format!("checksum mismatch (stored {stored:08x}, computed {computed:08x})"),
-        },
-        SbError::BadField(f) => Error::BadSuperblock {
-            path: p.clone(),
-            reason: format!("invalid {f}"),
-        },
-    })
-}
-
-/// Opens the metadata database after checking that it is one (redb may write to a file it
-/// opens, so a foreign file is rejected before redb sees it).
-pub(crate) fn open_db(dir: &Path) -> Result<Database> {
-    open_db_with(dir, None, None)
-}
-
-/// [`open_db`] with `faults` injected into redb's I/O of the file (see [`meta_db`]).
-pub(crate) fn open_db_with(
-    dir: &Path,
-    faults: Option<&FaultBackend>,
-    cache: Option<usize>,
-) -> Result<Database> {
-    let p = dir.join(META_FILE);
-    let mut head = [0u8; 9];
-    {
-        use std::io::Read;
-        let mut f = std::fs::File::open(&p).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotAStore {
-                path: dir.to_path_buf(),
-                reason: format!("it has no {META_FILE}"),
-            },
-            _ => Error::Io(e),
-        })?;
-        let n = f.read(&mut head)?;
-        if n < 4 || &head[0..4] != b"redb" {
-            return Err(Error::NotAStore {
-                path: dir.to_path_buf(),
-                reason: format!(
-                    "{META_FILE} is not a compfs metadata database (another program's file?)"
-                ),
-            });
-        }
-    }
-    meta_db(&p, false, faults, cache).map_err(|e| match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => Error::InUse(dir.to_path_buf()),
-        // A failing device (EIO, ENOSPC while redb repairs) does not make the file foreign.
-        redb::DatabaseError::Storage(redb::StorageError::Io(e)) if e.raw_os_error().is_some() => {
-            Error::from_io(e)
-        }
-        other => Error::NotAStore {
-            path: dir.to_path_buf(),
-            reason: format!("{META_FILE} cannot be opened: {other}"),
-        },
-    })
-}
-
-/// Opens (with `create`: creates) the redb database `p`. Without faults this is redb's own
-/// `Builder::open`/`create`, so the normal I/O path is exactly redb's. With faults the file goes
-/// through [`MetaFile`], which forwards redb's lock calls to redb's `FileBackend`: the lock is
-/// the same either way, so a second open of a store in use still fails with
-/// `DatabaseAlreadyOpen` ([`Error::InUse`]; tested in `tests/meta_faults.rs`).
-fn meta_db(
-    p: &Path,
-    create: bool,
-    faults: Option<&FaultBackend>,
-    cache: Option<usize>,
-) -> std::result::Result<Database, redb::DatabaseError> {
-    let mut b = Database::builder();
-    if let Some(c) = cache {
-        b.set_cache_size(c);
-    }
-    let Some(faults) = faults else {
-        return if create { b.create(p) } else { b.open(p) };
-    };
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(false)
-        .open(p)?;
-    b.create_with_backend(MetaFile::new(f, faults.clone())?)
-}
-
-/// Checks that the metadata belongs to the superblock's store.
-pub(crate) fn check_identity(dir: &Path, db: &Database, sb: &Superblock) -> Result<()> {
-    let bad = |reason: &str| Error::NotAStore {
-        path: dir.to_path_buf(),
-        reason: reason.to_string(),
-    };
-    let txn = db.begin_read()?;
-    let t = txn
-        .open_table(meta::META)
-        .map_err(|_| bad("metadata has no compfs tables"))?;
-    let uuid = t
-        .get("uuid")?
-        .ok_or_else(|| bad("metadata has no store UUID"))?;
-    if uuid.value() != sb.uuid {
-        return Err(bad("metadata belongs to another store (UUID mismatch)"));
-    }
-    Ok(())
 }
 
 impl Store {
@@ -525,44 +339,10 @@ impl Store {
         if !opts.read_only {
             inner.free_orphans()?;
         }
-        let flusher = match (tuning.flush_interval, opts.read_only) {
-            (Some(iv), false) => {
-                let (tx, rx) = std::sync::mpsc::channel::<()>();
-                let weak: Weak<Inner> = Arc::downgrade(&inner);
-                let h = std::thread::Builder::new()
-                    .name("compfs-flush".into())
-                    .spawn(move || flusher_loop(weak, rx, iv))?;
-                Some((tx, h))
-            }
-            _ => None,
-        };
-        let writeback = if opts.read_only {
-            None
-        } else {
-            let (tx, rx) = std::sync::mpsc::channel::<Ino>();
-            let weak: Weak<Inner> = Arc::downgrade(&inner);
-            let h = std::thread::Builder::new()
-                .name("compfs-writeback".into())
-                .spawn(move || writeback_loop(weak, rx))?;
-            *lock(&inner.writeback) = Some(tx);
-            Some(h)
-        };
-        let segsync = if opts.read_only {
-            None
-        } else {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-            let weak: Weak<Inner> = Arc::downgrade(&inner);
-            let h = std::thread::Builder::new()
-                .name("compfs-segsync".into())
-                .spawn(move || segsync_loop(weak, rx))?;
-            *lock(&inner.segsync) = Some(tx);
-            Some(h)
-        };
+        let threads = Threads::start(&inner, tuning.flush_interval, opts.read_only)?;
         Ok(Store {
             inner,
-            flusher,
-            writeback,
-            segsync,
+            threads,
             closed: false,
         })
     }
@@ -615,18 +395,7 @@ impl Store {
             return Ok(());
         }
         self.closed = true;
-        if let Some((tx, h)) = self.flusher.take() {
-            drop(tx);
-            let _ = h.join();
-        }
-        lock(&self.inner.writeback).take();
-        if let Some(h) = self.writeback.take() {
-            let _ = h.join();
-        }
-        lock(&self.inner.segsync).take();
-        if let Some(h) = self.segsync.take() {
-            let _ = h.join();
-        }
+        self.threads.stop(&self.inner);
         let r = if self.inner.read_only_open || self.inner.ro_flag.load(Ordering::SeqCst) {
             Ok(())
         } else {
@@ -636,11 +405,6 @@ impl Store {
         };
         self.inner.pool.shutdown();
         r
-    }
-
-    /// Live statistics.
-    pub fn stats(&self) -> Stats {
-        self.inner.stats()
     }
 
     /// Space of the filesystem holding the store.
@@ -677,396 +441,5 @@ impl Drop for Store {
                 self.inner.dir.display()
             );
         }
-    }
-}
-
-/// Appended bytes after which the segment syncer is woken.
-const SEGSYNC_BYTES: u64 = 8 << 20;
-
-/// The segment syncer: `fdatasync`s segments in the background while they are written (see
-/// `Inner::mark_unsynced`).
-fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>) {
-    while rx.recv().is_ok() {
-        let Some(inner) = weak.upgrade() else { return };
-        inner.sync_segments_background();
-    }
-}
-
-/// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
-/// closing thread (a FUSE request) does not compress and commit.
-fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
-    while let Ok(first) = rx.recv() {
-        let Some(inner) = weak.upgrade() else { return };
-        // Everything queued so far goes in one batch (one transaction).
-        let mut batch = vec![first];
-        while batch.len() < 256 {
-            match rx.try_recv() {
-                Ok(ino) => batch.push(ino),
-                Err(_) => break,
-            }
-        }
-        inner.writeback_batch(&batch);
-    }
-}
-
-fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Duration) {
-    loop {
-        match rx.recv_timeout(iv) {
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        let Some(inner) = weak.upgrade() else { return };
-        if inner.ro_flag.load(Ordering::SeqCst) {
-            continue;
-        }
-        if let Err(e) = inner.flush_all(true) {
-            tracing::error!("compfs background flush failed: {e}");
-            continue;
-        }
-        inner.trim_bufs();
-        let due = lock(&inner.last_durable).elapsed() >= Duration::from_secs(5);
-        if due {
-            if let Err(e) = inner.commit_durable() {
-                tracing::error!("compfs background commit failed: {e}");
-                continue;
-            }
-        }
-        if inner.gc_due() {
-            if let Err(e) = inner.gc(inner.tuning.gc_garbage_ratio.max(0.5)) {
-                tracing::warn!("compfs automatic GC failed: {e}");
-            }
-        }
-    }
-}
-
-impl Inner {
-    /// Fails with [`Error::ReadOnly`] if the store takes no more changes.
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        if self.read_only_open {
-            return Err(Error::ReadOnly("opened read-only".into()));
-        }
-        if self.ro_flag.load(Ordering::SeqCst) {
-            let why = lock(&self.ro).clone().unwrap_or_default();
-            return Err(Error::ReadOnly(why));
-        }
-        Ok(())
-    }
-
-    /// Latches the store read-only after a failed write, sync or commit, and passes the error on.
-    pub(crate) fn fail(&self, e: Error) -> Error {
-        if !self.ro_flag.swap(true, Ordering::SeqCst) {
-            tracing::error!(
-                "compfs store {}: {e}; refusing further writes until reopened",
-                self.dir.display()
-            );
-            *lock(&self.ro) = Some(format!("an earlier write or sync failed: {e}"));
-        }
-        e
-    }
-
-    /// Starts a write transaction with non-durable commit semantics.
-    pub(crate) fn begin(&self, durable: bool) -> Result<redb::WriteTransaction> {
-        let mut txn = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
-        txn.set_durability(if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })
-        .map_err(|e| self.fail(e.into()))?;
-        Ok(txn)
-    }
-
-    /// Runs `body` in a write transaction and commits it (durably when `durable`).
-    ///
-    /// A storage error inside the body (redb I/O, a full disk, damaged metadata) latches the
-    /// store read-only exactly like a failed begin or commit, as btrfs aborts a transaction:
-    /// redb may already have written some of the transaction's pages, and the device is failing.
-    /// Errors that only refuse the operation (`NotFound`, `Exists`, ...) leave it writable.
-    pub(crate) fn write<T>(
-        &self,
-        durable: bool,
-        body: impl FnOnce(&mut W<'_>) -> Result<T>,
-    ) -> Result<T> {
-        let txn = self.begin(durable)?;
-        let out = {
-            let mut w = W::open(&txn).map_err(|e| self.fail_storage(e))?;
-            body(&mut w).map_err(|e| self.fail_storage(e))?
-        };
-        self.commit(txn, durable)?;
-        Ok(out)
-    }
-
-    /// Latches read-only when `e` is a storage error (see [`Error::is_storage`]).
-    pub(crate) fn fail_storage(&self, e: Error) -> Error {
-        if e.is_storage() {
-            self.fail(e)
-        } else {
-            e
-        }
-    }
-
-    /// Notes that segment `id` has appended bytes not yet synced.
-    pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>, bytes: u64) {
-        {
-            let mut u = lock(&self.unsynced);
-            let e = u.entry(id).or_insert((f, 0));
-            e.1 += 1;
-        }
-        // Every few MiB, have the segment syncer write them out in the background, so that
-        // the next durable commit (fsync, sync, unmount) finds little left to sync.
-        let n = self.unsynced_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if n >= SEGSYNC_BYTES {
-            self.unsynced_bytes.store(0, Ordering::Relaxed);
-            if let Some(tx) = lock(&self.segsync).as_ref() {
-                let _ = tx.try_send(());
-            }
-        }
-    }
-
-    /// One pass of the segment syncer: `fdatasync`s every segment with unsynced bytes without
-    /// holding any lock, then forgets those that took no append meanwhile.
-    fn sync_segments_background(&self) {
-        let files: Vec<(u64, Arc<dyn SegFile>, u64)> = lock(&self.unsynced)
-            .iter()
-            .map(|(&id, (f, g))| (id, f.clone(), *g))
-            .collect();
-        for (id, f, gen) in files {
-            if let Err(e) = f.sync_data() {
-                // Leave it to the next durable commit, which fails and latches read-only.
-                tracing::warn!("compfs background sync of segment {id} failed: {e}");
-                continue;
-            }
-            let mut u = lock(&self.unsynced);
-            if u.get(&id).is_some_and(|(_, g)| *g == gen) {
-                u.remove(&id);
-            }
-        }
-    }
-
-    /// `fdatasync`s every segment with unsynced appended bytes.
-    pub(crate) fn sync_segments(&self) -> Result<()> {
-        let files: Vec<Arc<dyn SegFile>> =
-            lock(&self.unsynced).drain().map(|(_, (f, _))| f).collect();
-        for f in files {
-            f.sync_data().map_err(|e| self.fail(Error::from_io(e)))?;
-        }
-        Ok(())
-    }
-
-    /// Commits; a failure latches read-only. A durable commit first syncs every segment with
-    /// unsynced bytes: the transaction holds redb's write lock, so every earlier (non-durable)
-    /// commit that this one makes durable appended its bytes before now, and they are synced
-    /// before the metadata referencing them becomes durable.
-    ///
-    /// Every commit also writes the pending attribute patches (see `attrs`); they are retired
-    /// once the commit succeeded.
-    pub(crate) fn commit(&self, txn: redb::WriteTransaction, durable: bool) -> Result<()> {
-        let pending = {
-            let p = lock(&self.patches);
-            if p.is_empty() {
-                Vec::new()
-            } else {
-                p.snapshot()
-            }
-        };
-        if !pending.is_empty() {
-            write_patches(&txn, &pending).map_err(|e| self.fail(e))?;
-        }
-        if durable {
-            self.sync_segments()?;
-        }
-        txn.commit().map_err(|e| self.fail(e.into()))?;
-        if durable {
-            *lock(&self.last_durable) = Instant::now();
-        }
-        if !pending.is_empty() {
-            lock(&self.patches).retire(&pending);
-        }
-        Ok(())
-    }
-
-    /// A durable (fsync'ing) commit: makes every earlier non-durable commit durable. Every
-    /// segment byte those commits reference was synced before they committed.
-    pub(crate) fn commit_durable(&self) -> Result<()> {
-        self.write(true, |_| Ok(()))
-    }
-
-    fn free_orphans(&self) -> Result<()> {
-        let orphans: Vec<u64> = {
-            let txn = self.db.begin_read()?;
-            let t = txn.open_table(meta::ORPHANS)?;
-            t.iter()?
-                .map(|r| r.map(|(k, _)| k.value()))
-                .collect::<std::result::Result<_, _>>()?
-        };
-        if orphans.is_empty() {
-            return Ok(());
-        }
-        self.write(true, |w| {
-            for ino in orphans {
-                match w.free_inode(ino) {
-                    Ok(()) | Err(Error::NotFound) => {}
-                    Err(e) => return Err(e),
-                }
-                w.orphans_mut()?.remove(ino)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// A read handle of segment `id`. Call with `seg_barrier` read-locked.
-    pub(crate) fn seg_file(&self, id: u64) -> Result<Arc<dyn SegFile>> {
-        if let Some(f) = lock(&self.seg_handles).get(&id) {
-            return Ok(f.clone());
-        }
-        {
-            let w = lock(&self.seg);
-            if w.id == id {
-                if let Some(f) = &w.file {
-                    return Ok(f.clone());
-                }
-            }
-        }
-        let f = self
-            .tuning
-            .backend
-            .open(&self.seg_dir.join(segment_file_name(id)), false)?;
-        let mut h = lock(&self.seg_handles);
-        if h.len() > 256 {
-            h.clear();
-        }
-        h.insert(id, f.clone());
-        Ok(f)
-    }
-
-    /// Appends encoded extents (each a header followed by its bytes, concatenated in `buf`) to
-    /// the active segment, starting a new one when it is full. Returns the segment, its file and
-    /// the offset of `buf`; the segment stays pinned (GC leaves it alone) until `unpin`.
-    pub(crate) fn append(&self, buf: &[u8]) -> Result<(u64, Arc<dyn SegFile>, u64)> {
-        self.append_parts(&[buf])
-    }
-
-    /// [`Inner::append`] of the concatenation of `parts`, written with one vectored write.
-    pub(crate) fn append_parts(&self, parts: &[&[u8]]) -> Result<(u64, Arc<dyn SegFile>, u64)> {
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let mut w = lock(&self.seg);
-        let need_new = match &w.file {
-            None => true,
-            Some(_) => w.end > SEG_HEADER_LEN && w.end + len > self.sb.segment_size,
-        };
-        if need_new {
-            let id = w.next_id;
-            w.next_id += 1;
-            let path = self.seg_dir.join(segment_file_name(id));
-            let f = self.tuning.backend.create(&path).map_err(Error::from_io)?;
-            let h = SegmentHeader {
-                version: FORMAT_VERSION,
-                uuid: self.sb.uuid,
-                id,
-            };
-            f.write_all_at(&h.encode(), 0).map_err(Error::from_io)?;
-            f.sync_data().map_err(Error::from_io)?;
-            self.tuning
-                .backend
-                .sync_dir(&self.seg_dir)
-                .map_err(Error::from_io)?;
-            w.id = id;
-            w.file = Some(f);
-            w.end = SEG_HEADER_LEN;
-        }
-        let (id, off) = (w.id, w.end);
-        let Some(f) = w.file.clone() else {
-            return Err(Error::Io(std::io::Error::other("no active segment")));
-        };
-        *w.pins.entry(id).or_insert(0) += 1;
-        // Reserve the range before writing so concurrent appenders never overlap.
-        w.end += len;
-        drop(w);
-        let res = match parts {
-            [one] => f.write_all_at(one, off),
-            _ => f.write_parts_at(parts, off),
-        };
-        if let Err(e) = res {
-            self.unpin(id);
-            return Err(Error::from_io(e));
-        }
-        self.counters.seg_written.fetch_add(len, Ordering::Relaxed);
-        Ok((id, f, off))
-    }
-
-    pub(crate) fn unpin(&self, id: u64) {
-        let mut w = lock(&self.seg);
-        if let Some(n) = w.pins.get_mut(&id) {
-            *n -= 1;
-            if *n == 0 {
-                w.pins.remove(&id);
-            }
-        }
-    }
-
-    pub(crate) fn stats(&self) -> Stats {
-        let c = &self.counters;
-        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut s = Stats {
-            user_bytes_written: ld(&c.user_written),
-            user_bytes_read: ld(&c.user_read),
-            segment_bytes_written: ld(&c.seg_written),
-            extents_raw: ld(&c.raw),
-            heuristic_skips: ld(&c.heuristic_skips),
-            zero_blocks: ld(&c.zero_blocks),
-            gc_runs: ld(&c.gc_runs),
-            gc_bytes_moved: ld(&c.gc_moved),
-            gc_segments_freed: ld(&c.gc_freed),
-            cache_hits: ld(&c.cache_hits),
-            cache_misses: ld(&c.cache_misses),
-            read_only: self.ro_flag.load(Ordering::SeqCst) || self.read_only_open,
-            dirty_bytes: self.dirty_bytes.load(Ordering::Relaxed) as u64,
-            ..Stats::default()
-        };
-        for a in compfs_codec::Algorithm::ALL {
-            let n = ld(&c.compressed[a.id() as usize]);
-            if n > 0 {
-                s.extents_compressed.insert(a.name().to_string(), n);
-            }
-        }
-        if let Ok(txn) = self.db.begin_read() {
-            if let Ok(t) = txn.open_table(meta::STATS) {
-                if let Ok(it) = t.iter() {
-                    for (k, v) in it.flatten() {
-                        let Ok(r) = crate::format::StatRec::decode(v.value()) else {
-                            continue;
-                        };
-                        let name = if k.value() == crate::format::STAT_INLINE {
-                            "inline".to_string()
-                        } else {
-                            match compfs_codec::Algorithm::from_id(k.value()) {
-                                Some(a) => a.name().to_string(),
-                                None => continue,
-                            }
-                        };
-                        s.per_codec.insert(
-                            name,
-                            CodecCounters {
-                                extents: r.extents,
-                                disk: r.disk,
-                                uncompressed: r.uncompressed,
-                                referenced: r.referenced,
-                            },
-                        );
-                    }
-                }
-            }
-            if let Ok(t) = txn.open_table(meta::SEGMENTS) {
-                if let Ok(it) = t.iter() {
-                    for (_, v) in it.flatten() {
-                        if let Ok(r) = crate::format::SegmentRec::decode(v.value()) {
-                            s.segment_bytes += r.len;
-                            s.live_bytes += r.live;
-                        }
-                    }
-                }
-            }
-        }
-        s
     }
 }

@@ -19,26 +19,7 @@ fn new_store(ext: u32) -> (tempfile::TempDir, Store) {
     (dir, s)
 }
 
-fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let words: [&[u8]; 6] = [
-        b"alpha ",
-        b"beta ",
-        b"gamma ",
-        b"delta ",
-        b"\n",
-        b"0123456789 ",
-    ];
-    let mut s = seed;
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        v.extend_from_slice(words[(s >> 60) as usize % 6]);
-    }
-    v.truncate(n);
-    v
-}
+use compfs_testdata::text as pattern;
 
 fn read_all(s: &Store, ino: Ino) -> Vec<u8> {
     let size = s.getattr(ino).unwrap().size as usize;
@@ -316,8 +297,26 @@ fn frozen_v1_fixture_opens() {
     );
 }
 
+/// The frozen fixture's contents, generated here and not by compfs-testdata: they must never
+/// change.
 fn fixture_data() -> (Vec<u8>, Vec<u8>) {
-    let text = pattern(20_000, 11);
+    let words: [&[u8]; 6] = [
+        b"alpha ",
+        b"beta ",
+        b"gamma ",
+        b"delta ",
+        b"\n",
+        b"0123456789 ",
+    ];
+    let mut s = 11u64;
+    let mut text = Vec::with_capacity(20_016);
+    while text.len() < 20_000 {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.extend_from_slice(words[(s >> 60) as usize % 6]);
+    }
+    text.truncate(20_000);
     let mut x = 12345u64;
     let rand: Vec<u8> = (0..9000)
         .map(|_| {
@@ -511,15 +510,7 @@ fn files_beyond_4_gib() {
 fn heuristic_stores_random_data_raw_and_force_mode_is_per_policy() {
     let (_d, s) = new_store(131072);
     assert_eq!(s.policy().1, Mode::Heuristic);
-    let mut x = 7u64;
-    let random: Vec<u8> = (0..512 * 1024)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
+    let random = compfs_testdata::random(512 * 1024, 7);
     let r = s
         .mknod(ROOT_INO, b"random", FileKind::File, 0o644, 0, 0, 0)
         .unwrap();

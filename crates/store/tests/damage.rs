@@ -400,6 +400,8 @@ fn a_failed_segment_read_is_eio_and_leaves_the_store_writable() {
     let e = s.read(*ino, 0, &mut buf).unwrap_err();
     assert!(fb.fired() > 0, "failed without the fault: {e}");
     assert_eq!(e.errno(), libc::EIO, "{e}");
+    // A device error, not damaged data: the extent itself is fine.
+    assert!(matches!(e, Error::Io(_)), "reported as {e:?}");
     fb.disarm();
     assert!(!s.stats().read_only);
     assert_eq!(&read_all(&s, *ino).unwrap(), data);
@@ -408,4 +410,140 @@ fn a_failed_segment_read_is_eio_and_leaves_the_store_writable() {
     s.fsync(n, false).unwrap();
     s.close().unwrap();
     assert_clean(&dir);
+}
+
+/// Map records with length 0 or reaching past the end of their extent are reported as damaged
+/// metadata (EIO) by every reader of the map, never computed with (`offset + len - 1`
+/// underflows for length 0); fsck reports and drops them.
+#[test]
+fn map_records_of_length_zero_or_past_their_extent_are_errors() {
+    use redb::{ReadableTable, TableDefinition};
+    const EXTMAP: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("extent_map");
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let files = populated(&dir);
+    let (a, b) = (files[0].0, files[1].0);
+    {
+        let db = redb::Database::open(dir.join(format::META_FILE)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut map = txn.open_table(EXTMAP).unwrap();
+            let m = format::MapRec::decode(map.get((a, 16384)).unwrap().unwrap().value()).unwrap();
+            let empty = format::MapRec { len: 0, ..m };
+            map.insert((a, 16384), empty.encode().as_slice()).unwrap();
+            let m = format::MapRec::decode(map.get((b, 16384)).unwrap().unwrap().value()).unwrap();
+            let past = format::MapRec {
+                ext_offset: 100,
+                ..m
+            };
+            map.insert((b, 16384), past.encode().as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let s = open(&dir, tuning());
+    let mut buf = vec![0u8; 100];
+    for r in [
+        s.read(a, 16384, &mut buf).map(|_| ()),
+        s.read(a, 0, &mut vec![0u8; 40000]).map(|_| ()),
+        s.seek_data(a, 0).map(|_| ()),
+        s.seek_hole(a, 0).map(|_| ()),
+        s.recompress(a, None),
+        s.usage(&[a]).map(|_| ()),
+    ] {
+        match r {
+            Err(e @ Error::CorruptMetadata(_)) => assert_eq!(e.errno(), libc::EIO),
+            other => panic!("expected damaged metadata, got {other:?}"),
+        }
+    }
+    match s.read(b, 16384, &mut buf) {
+        Err(Error::Corrupt { ino, detail, .. }) => {
+            assert_eq!(ino, b);
+            assert!(detail.contains("reaches past"), "{detail}");
+        }
+        other => panic!("expected a corruption error, got {other:?}"),
+    }
+    // The rest reads.
+    for (ino, want) in &files[2..] {
+        assert_eq!(&read_all(&s, *ino).unwrap(), want);
+    }
+    s.close().unwrap();
+    let r = fsck_report(&dir, false);
+    let bad: Vec<_> = r
+        .problems
+        .iter()
+        .filter(|p| matches!(p.kind, ProblemKind::BadRecord | ProblemKind::BadMapEntry))
+        .map(|p| (p.kind, p.ino))
+        .collect();
+    assert_eq!(
+        bad,
+        [
+            (ProblemKind::BadRecord, Some(a)),
+            (ProblemKind::BadMapEntry, Some(b))
+        ],
+        "{:#?}",
+        r.problems
+    );
+    fsck_report(&dir, true);
+    assert_clean(&dir);
+}
+
+/// Segment records with absurd lengths (damaged metadata) do not overflow the sums that
+/// statistics and GC make of them (a debug build panicked, in the flusher thread for GC).
+#[test]
+fn absurd_segment_lengths_do_not_overflow() {
+    use redb::{ReadableTable, TableDefinition};
+    const SEGMENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("segments");
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let mut files = populated(&dir);
+    {
+        // A second session appends to a second segment.
+        let s = open(&dir, tuning());
+        let ino = mkfile(&s, ROOT_INO, "second");
+        let data = pattern(30_000, 7);
+        s.write(ino, 0, &data).unwrap();
+        files.push((ino, data));
+        s.close().unwrap();
+    }
+    {
+        let db = redb::Database::open(dir.join(format::META_FILE)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut segs = txn.open_table(SEGMENTS).unwrap();
+            let ids: Vec<u64> = segs.iter().unwrap().map(|r| r.unwrap().0.value()).collect();
+            assert!(ids.len() >= 2, "{ids:?}");
+            let absurd = format::SegmentRec {
+                len: u64::MAX,
+                live: u64::MAX,
+            };
+            for id in ids {
+                segs.insert(id, absurd.encode().as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+    let s = open(&dir, tuning());
+    let st = s.stats();
+    assert_eq!((st.segment_bytes, st.live_bytes), (u64::MAX, u64::MAX));
+    // Nothing looks like garbage, so GC moves nothing; it must not fail either.
+    s.gc().unwrap();
+    // Writing into a segment with an absurd record keeps the sums saturated.
+    let n = mkfile(&s, ROOT_INO, "new");
+    s.write(n, 0, &pattern(40_000, 9)).unwrap();
+    s.fsync(n, false).unwrap();
+    for (ino, want) in &files {
+        assert_eq!(&read_all(&s, *ino).unwrap(), want);
+    }
+    s.close().unwrap();
+    // fsck reports the records (the live bytes it recounts, the committed length past the
+    // file's end) without overflowing either.
+    let r = fsck_report(&dir, false);
+    assert!(
+        r.problems
+            .iter()
+            .all(|p| matches!(p.kind, ProblemKind::WrongCount | ProblemKind::MissingExtent)),
+        "{:#?}",
+        r.problems
+    );
+    assert!(r.problems.iter().any(|p| p.message.contains("live bytes")));
 }

@@ -109,7 +109,7 @@ fn random_garbage_is_rejected_or_bounded() {
     for alg in DECODERS {
         for i in 0..300 {
             let n = rng.below(if i % 10 == 0 { 70_000 } else { 300 });
-            let garbage: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let garbage: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             for len in [0usize, 1, 4096, 131_072] {
                 match decode(&mut d, alg, &garbage, len) {
                     Ok(out) => assert_eq!(out.len(), len),

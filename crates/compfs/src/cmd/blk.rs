@@ -12,7 +12,7 @@ use compfs_blk::server::{self, control_path, control_request};
 use compfs_blk::{Config, Export, PageStore, Stats};
 use compfs_codec::CodecSpec;
 
-use super::util::{human, parse_size};
+use compfs_codec::{human, parse_size};
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -35,13 +35,17 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Device size (K, M, G, T suffixes; rounded up to 4 KiB).
-    #[arg(long, default_value = "4G")]
+    #[arg(long, default_value = "4G", allow_hyphen_values = true)]
     size: String,
-    /// Primary codec: lz4, lzo, zstd[:N], zlib[:N].
-    #[arg(long, default_value = "lzo")]
+    // Primary codec (help text as an attribute: rustdoc would read [:N] as a link).
+    #[arg(
+        long,
+        default_value = "lzo",
+        help = "Primary codec: lz4, lzo, zstd[:N], zlib[:N]"
+    )]
     algo: String,
     /// Memory limit for stored pages (0: none); writes past it fail with ENOSPC.
-    #[arg(long, default_value = "0")]
+    #[arg(long, default_value = "0", allow_hyphen_values = true)]
     mem_limit: String,
     /// Backing file for `writeback` (created if missing).
     #[arg(long)]

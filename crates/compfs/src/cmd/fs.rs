@@ -2,19 +2,19 @@
 //! `compfs stats`.
 
 use std::collections::HashSet;
-use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use compfs_codec::CodecSpec;
-use compfs_fs::mount::{block_termination_signals, open_options, open_store, serve};
-use compfs_fs::report::{report_from_usage, StatsRecord, STATS_XATTR, USAGE_XATTR};
+use compfs_fs::mount::{
+    block_termination_signals, check_mountpoint, open_options, open_store, serve,
+};
+use compfs_fs::report::{report_from_usage, StatsRecord, STATS_XATTR};
 use compfs_fs::{MountOptions, UsageReport};
 use compfs_store::{OpenOptions, Store, ROOT_INO};
 
@@ -27,10 +27,14 @@ pub struct MountArgs {
     pub store: PathBuf,
     /// Directory to mount on.
     pub mountpoint: PathBuf,
-    /// Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]],
-    /// compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, threads=N,
-    /// fuse_threads=N, noexec, nosuid, nodev, noatime.
-    #[arg(short = 'o', value_name = "OPTIONS")]
+    // Mount options (help text as an attribute: rustdoc would read [=ALG] as a link).
+    #[arg(
+        short = 'o',
+        value_name = "OPTIONS",
+        help = "Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]], \
+                compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, \
+                threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime"
+    )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
     #[arg(short = 'f', long)]
@@ -87,61 +91,20 @@ pub struct UmountArgs {
 }
 
 /// `compfs umount`: unmounts, then waits until the daemon has made everything durable and
-/// closed the store. Plain `umount` returns as soon as the kernel detaches the mount: the
-/// kernel does not wait for a FUSE daemon (it sends no DESTROY to non-block FUSE mounts), so
-/// the daemon's final flush and durable commit may still be running for a few milliseconds.
+/// closed the store (see [`compfs_fs::mount::unmount_and_wait`]).
 pub fn umount(a: UmountArgs) -> Result<ExitCode> {
-    let Some(store) = compfs_fs::mount::mounted_store(&a.mountpoint) else {
-        bail!(
-            "{} is not a compfs mount point (see /proc/self/mountinfo)",
-            a.mountpoint.display()
-        );
-    };
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        let c = CString::new(a.mountpoint.as_os_str().as_bytes())?;
-        // SAFETY: `c` is a valid C string.
-        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                bail!(
-                    "cannot unmount {}: it is busy; close the files and shells using it (`fuser -m {}` lists them)",
-                    a.mountpoint.display(),
-                    a.mountpoint.display()
-                );
-            }
-            bail!("cannot unmount {}: {e}", a.mountpoint.display());
-        }
-    } else {
-        let st = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&a.mountpoint)
-            .status()
-            .context("running fusermount3 (install the fuse3 package)")?;
-        if !st.success() {
-            bail!("fusermount3 -u {} failed", a.mountpoint.display());
-        }
-    }
-    let closed =
-        compfs_fs::mount::wait_until_closed(&store, std::time::Duration::from_secs(a.timeout))
-            .with_context(|| format!("waiting for store {}", store.display()))?;
-    if !closed {
-        bail!(
-            "unmounted {}, but its daemon still holds store {} after {} s; it may still be writing back",
-            a.mountpoint.display(),
-            store.display(),
-            a.timeout
-        );
-    }
+    compfs_fs::mount::unmount_and_wait(&a.mountpoint, Duration::from_secs(a.timeout))?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `compfs mount`.
 pub fn mount(a: MountArgs) -> Result<ExitCode> {
     let opts = MountOptions::parse(&a.options)?;
-    for w in &opts.warnings {
-        eprintln!("compfs: warning: {w}");
+    // The daemon started by spawn_daemon parses the same options: the parent warns once.
+    if !a.notify_ready {
+        for w in &opts.warnings {
+            eprintln!("compfs: warning: {w}");
+        }
     }
     if !Store::is_store(&a.store) {
         bail!(
@@ -150,9 +113,7 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
             a.store.display()
         );
     }
-    if !a.mountpoint.is_dir() {
-        bail!("mount point {} is not a directory", a.mountpoint.display());
-    }
+    check_mountpoint(&a.mountpoint)?;
     if !a.foreground {
         return spawn_daemon(&a);
     }
@@ -178,36 +139,41 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
             let _ = writeln!(out, "ready");
             let _ = out.flush();
             // Stop holding the parent's pipe open.
-            redirect_fd(1, Path::new("/dev/null"));
+            redirect(Std::Out, Path::new("/dev/null"));
         }
         // From now on errors go to the log, not to the terminal (or pipe) that started us:
         // `mount` and scripts reading its output must not wait for the daemon to exit.
         if let Some(log) = &log {
-            redirect_fd(2, log);
+            redirect(Std::Err, log);
         }
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Points `fd` at `path` (opened for appending, created if needed); keeps `fd` on failure.
-fn redirect_fd(fd: i32, path: &Path) {
-    use std::os::fd::AsRawFd;
+/// Which standard descriptor [`redirect`] replaces.
+enum Std {
+    Out,
+    Err,
+}
+
+/// Points stdout or stderr at `path` (opened for appending, created if needed); keeps it on
+/// failure.
+fn redirect(which: Std, path: &Path) {
     if let Ok(f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
     {
-        // SAFETY: dup2 onto a standard descriptor with a valid open fd.
-        unsafe {
-            libc::dup2(f.as_raw_fd(), fd);
-        }
+        let _ = match which {
+            Std::Out => rustix::stdio::dup2_stdout(&f),
+            Std::Err => rustix::stdio::dup2_stderr(&f),
+        };
     }
 }
 
 /// The detached daemon's default log.
 fn default_log() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         PathBuf::from("/var/log/compfs.log")
     } else {
         PathBuf::from("/dev/null")
@@ -237,10 +203,11 @@ fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     // The daemon's stderr becomes a log file once mounted: no colour codes.
     cmd.env("NO_COLOR", "1");
-    // SAFETY: setsid is async-signal-safe; detaches the daemon from the terminal's session.
+    // SAFETY: setsid is async-signal-safe and allocates nothing; it detaches the daemon from
+    // the terminal's session.
     unsafe {
         cmd.pre_exec(|| {
-            libc::setsid();
+            let _ = rustix::process::setsid();
             Ok(())
         });
     }
@@ -307,53 +274,6 @@ pub fn mount_helper(args: Vec<String>) -> Result<ExitCode> {
     })
 }
 
-/// Reads an xattr of a path (not following a final symlink).
-fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
-    let p = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let n = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    loop {
-        // SAFETY: valid C strings; a null buffer with size 0 asks for the length.
-        let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
-        if len < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut buf = vec![0u8; len as usize];
-        // SAFETY: buf has buf.len() writable bytes.
-        let got =
-            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if got >= 0 {
-            buf.truncate(got as usize);
-            return Ok(buf);
-        }
-        let e = std::io::Error::last_os_error();
-        // The value grew between the two calls: ask again.
-        if e.raw_os_error() != Some(libc::ERANGE) {
-            return Err(e);
-        }
-    }
-}
-
-fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-    let p = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let n = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid C strings and a value slice of the given length.
-    let r = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn not_compfs(path: &Path, e: &std::io::Error) -> anyhow::Error {
     match e.raw_os_error() {
         Some(libc::ENOTSUP) | Some(libc::ENODATA) => anyhow!(
@@ -377,7 +297,7 @@ pub fn usage(a: UsageArgs) -> Result<ExitCode> {
             total.merge(&store_usage(path)?);
             continue;
         }
-        walk_usage(path, &mut seen, &mut total)?;
+        compfs_fs::add_tree_usage(path, &mut seen, &mut total)?;
     }
     print!("{}", total.render(a.bytes));
     Ok(ExitCode::SUCCESS)
@@ -402,42 +322,14 @@ fn store_usage(dir: &Path) -> Result<UsageReport> {
     Ok(report_from_usage(&u))
 }
 
-/// Walks a path on a mount (without following symlinks or leaving the file system) and adds
-/// every regular file's `compfs.usage` record, each inode once.
-pub(crate) fn walk_usage(
-    root: &Path,
-    seen: &mut HashSet<(u64, u64)>,
-    total: &mut UsageReport,
-) -> Result<()> {
-    let md = std::fs::symlink_metadata(root).with_context(|| format!("{}", root.display()))?;
-    let dev = md.dev();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let md = std::fs::symlink_metadata(&p).with_context(|| format!("{}", p.display()))?;
-        if md.dev() != dev {
-            continue;
-        }
-        if md.is_dir() {
-            let rd = std::fs::read_dir(&p).with_context(|| format!("{}", p.display()))?;
-            for e in rd {
-                stack.push(e.with_context(|| format!("{}", p.display()))?.path());
-            }
-        } else if md.is_file() && seen.insert((md.dev(), md.ino())) {
-            let rec = get_xattr(&p, USAGE_XATTR).map_err(|e| not_compfs(&p, &e))?;
-            total.merge(&UsageReport::from_record(&rec)?);
-        }
-    }
-    Ok(())
-}
-
 /// `compfs property get|set`.
 pub fn property(c: PropertyCommand) -> Result<ExitCode> {
     match c {
         PropertyCommand::Get { path, name } => {
             check_property(&name)?;
-            match get_xattr(&path, COMPRESSION_XATTR) {
-                Ok(v) => println!("compression={}", String::from_utf8_lossy(&v)),
-                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+            match xattr::get(&path, COMPRESSION_XATTR) {
+                Ok(Some(v)) => println!("compression={}", String::from_utf8_lossy(&v)),
+                Ok(None) => {}
                 Err(e) => return Err(not_compfs(&path, &e)),
             }
         }
@@ -446,7 +338,7 @@ pub fn property(c: PropertyCommand) -> Result<ExitCode> {
             if !value.is_empty() {
                 CodecSpec::parse(&value).map_err(|e| anyhow!("invalid compression: {e}"))?;
             }
-            set_xattr(&path, COMPRESSION_XATTR, value.as_bytes()).map_err(|e| {
+            xattr::set(&path, COMPRESSION_XATTR, value.as_bytes()).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     anyhow!(
                         "{}: compfs refused compression '{value}' (EINVAL)",
@@ -470,13 +362,15 @@ fn check_property(name: &str) -> Result<()> {
 
 /// `compfs stats`.
 pub fn stats(a: StatsArgs) -> Result<ExitCode> {
-    let rec = get_xattr(&a.mountpoint, STATS_XATTR).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENODATA) => anyhow!(
+    let not_root = || {
+        anyhow!(
             "{} is not the root of a mounted compfs filesystem",
             a.mountpoint.display()
-        ),
-        _ => not_compfs(&a.mountpoint, &e),
-    })?;
+        )
+    };
+    let rec = xattr::get(&a.mountpoint, STATS_XATTR)
+        .map_err(|e| not_compfs(&a.mountpoint, &e))?
+        .ok_or_else(not_root)?;
     print!("{}", StatsRecord::decode(&rec)?.render());
     Ok(ExitCode::SUCCESS)
 }

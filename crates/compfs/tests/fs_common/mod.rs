@@ -1,6 +1,6 @@
 //! Shared harness of the FUSE integration tests: unique temp dirs, store creation, a mount guard
 //! that always unmounts (even when the test panics), and small syscall helpers.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader};
@@ -245,34 +245,5 @@ pub fn setxattr(p: &Path, name: &str, v: &[u8], flags: i32) -> Result<(), i32> {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), incompressible.
-pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-/// Compressible text-like bytes.
-pub fn text_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let words = [
-        "compfs ", "extent ", "btrfs ", "zstd ", "level ", "the ", "of ", "segment ", "inode ",
-        "write ", "read ", "fuse ", "\n",
-    ];
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len + 16);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
-    }
-    v.truncate(len);
-    v
-}
+/// Incompressible and compressible text-like bytes (the shared generators).
+pub use compfs_testdata::{random as random_bytes, text as text_bytes};

@@ -1,46 +1,13 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use compfs_store::*;
 
-/// Text-like data that compresses (deterministic from `seed`).
-pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let words: [&[u8]; 7] = [
-        b"alpha ",
-        b"beta ",
-        b"gamma ",
-        b"delta ",
-        b"\n",
-        b"0123456789 ",
-        b"compfs ",
-    ];
-    let mut s = seed.wrapping_add(0x9e3779b97f4a7c15);
-    let mut v = Vec::with_capacity(n + 16);
-    while v.len() < n {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        v.extend_from_slice(words[(s >> 59) as usize % 7]);
-    }
-    v.truncate(n);
-    v
-}
-
-/// Incompressible data.
-pub fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect()
-}
+/// Text-like data that compresses, and incompressible data (the shared generators).
+pub use compfs_testdata::{random, text as pattern};
 
 pub fn read_all(s: &Store, ino: Ino) -> Result<Vec<u8>> {
     let size = s.getattr(ino)?.size as usize;

@@ -1,201 +1,74 @@
-//! Offline consistency checker: every metadata invariant, every extent checksum, and a walk of
-//! every segment by its extent headers. With `repair`, the safe repairs: drop references to
-//! corrupt or missing extents (the rest of the file stays readable, the damaged range reads as
-//! zeros), recompute counts, free orphaned inodes and unreferenced extents, drop dangling
-//! directory entries, delete leftover segment files.
+//! The passes of a check, one function each, over the tables loaded once by [`load`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{ReadTransaction, ReadableTable};
 
-use crate::error::{Error, Result};
-use crate::format::{
+use super::{Ctx, Fixes, ProblemKind};
+use crate::error::Result;
+use crate::meta;
+use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
     MapRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR, SEG_HEADER_LEN,
     STAT_INLINE,
 };
-use crate::meta::{self, W};
-use crate::store::{check_identity, open_db, read_superblock};
 use crate::types::{FileKind, Ino, ROOT_INO};
+use crate::FsckReport;
 
-/// Kind of a problem found by [`fsck`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ProblemKind {
-    /// An extent fails its header check, checksum or decompression.
-    CorruptExtent,
-    /// A map entry references an extent that has no record, or whose segment is gone.
-    MissingExtent,
-    /// A map entry is malformed (overlaps, past the extent or the file size, not a file).
-    BadMapEntry,
-    /// An extent record nobody references.
-    UnreferencedExtent,
-    /// A directory entry naming a missing inode, or an inconsistent directory index.
-    BadDirent,
-    /// An inode no directory entry reaches (and not an open-unlinked orphan).
-    UnreachableInode,
-    /// A counter disagrees with what the metadata implies (nlink, refs, live bytes, statistics,
-    /// disk bytes, id counters).
-    WrongCount,
-    /// A record that does not decode.
-    BadRecord,
-    /// A segment file whose header is damaged.
-    BadSegment,
-    /// Informational: an inode unlinked while open when the store was last used (freed at the
-    /// next open).
-    Orphan,
-    /// Informational: a segment file no committed metadata references (left by a crash).
-    LeftoverSegment,
-    /// Informational: bytes past a segment's committed end (appended before a crash).
-    UncommittedTail,
-    /// Informational: a damaged region in dead (unreferenced) segment space.
-    DamagedDeadSpace,
+/// The tables of the metadata (records that decode) and the segment files on disk, loaded once
+/// for all the passes of a check.
+pub(super) struct Loaded {
+    pub(super) seg_dir: PathBuf,
+    pub(super) inodes: BTreeMap<Ino, InodeRec>,
+    pub(super) dirents: Vec<(Ino, Vec<u8>, DirentRec)>,
+    pub(super) index: BTreeMap<(Ino, u64), Vec<u8>>,
+    pub(super) orphans: BTreeSet<Ino>,
+    pub(super) extents: BTreeMap<u64, ExtentRec>,
+    pub(super) seg_index: BTreeMap<(u64, u64), u64>,
+    pub(super) segments: BTreeMap<u64, SegmentRec>,
+    pub(super) stats: BTreeMap<u8, StatRec>,
+    /// Segment files on disk: id and length.
+    pub(super) files: BTreeMap<u64, u64>,
 }
 
-impl ProblemKind {
-    /// Whether the problem is informational (not damage).
-    pub fn is_info(self) -> bool {
-        matches!(
-            self,
-            ProblemKind::Orphan
-                | ProblemKind::LeftoverSegment
-                | ProblemKind::UncommittedTail
-                | ProblemKind::DamagedDeadSpace
-        )
-    }
+/// Who references each extent, found by the extent-map pass.
+pub(super) struct MapUse {
+    pub(super) refs: HashMap<u64, u32>,
+    pub(super) referenced: HashMap<u8, u64>,
+    pub(super) users: HashMap<u64, Vec<(Ino, u64)>>,
 }
 
-/// One problem found by [`fsck`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsckProblem {
-    pub kind: ProblemKind,
-    /// The file concerned, when there is one.
-    pub ino: Option<Ino>,
-    pub message: String,
-    /// Fixed by `--repair`.
-    pub repaired: bool,
+/// What the verified extents add up to, found by the extent pass.
+pub(super) struct ExtentUse {
+    pub(super) live: HashMap<u64, u64>,
+    pub(super) stat_calc: BTreeMap<u8, StatRec>,
+    pub(super) disk: HashMap<Ino, u64>,
+    pub(super) max_ext: u64,
 }
 
-/// What [`fsck`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FsckReport {
-    pub problems: Vec<FsckProblem>,
-    pub inodes: u64,
-    pub extents: u64,
-    pub segments: u64,
-    /// Stored bytes of live extents verified.
-    pub bytes_verified: u64,
-    /// Dead (garbage) bytes in segments, reclaimable by GC.
-    pub dead_bytes: u64,
+/// Progress over the bytes a check reads (extents, then segment files).
+pub(super) struct Progress<'p> {
+    pub(super) done: u64,
+    pub(super) total: u64,
+    pub(super) report: &'p mut dyn FnMut(u64, u64),
 }
 
-impl FsckReport {
-    /// Damage found (informational notes excluded).
-    pub fn errors(&self) -> usize {
-        self.problems.iter().filter(|p| !p.kind.is_info()).count()
-    }
-    /// Damage found and not repaired.
-    pub fn unrepaired(&self) -> usize {
-        self.problems
-            .iter()
-            .filter(|p| !p.kind.is_info() && !p.repaired)
-            .count()
-    }
-    /// Damage repaired.
-    pub fn repaired(&self) -> usize {
-        self.problems
-            .iter()
-            .filter(|p| !p.kind.is_info() && p.repaired)
-            .count()
-    }
-    /// No damage at all.
-    pub fn is_clean(&self) -> bool {
-        self.errors() == 0
+impl Progress<'_> {
+    fn advance(&mut self, n: u64) {
+        self.done += n;
+        (self.report)(self.done, self.total);
     }
 }
 
-/// Checks the (closed) store in `dir`; with `repair`, fixes what can be fixed safely.
-/// `progress(done, total)` is called as extents and segments are verified (bytes).
-pub fn fsck(dir: &Path, repair: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckReport> {
-    let sb = read_superblock(dir)?;
-    let db = open_db(dir)?;
-    check_identity(dir, &db, &sb)?;
-    let first = check(dir, &db, &sb.uuid, repair, progress)?;
-    if !repair || first.problems.is_empty() {
-        return Ok(first);
-    }
-    // Structural repairs change counts; further passes settle them. The first pass's findings
-    // are the report; each counts as repaired if a final check no longer sees its kind+inode.
-    for _ in 0..3 {
-        if check(dir, &db, &sb.uuid, true, &mut |_, _| {})?.errors() == 0 {
-            break;
-        }
-    }
-    let verify = check(dir, &db, &sb.uuid, false, &mut |_, _| {})?;
-    let remaining: BTreeSet<(ProblemKind, Option<Ino>, String)> = verify
-        .problems
-        .iter()
-        .filter(|p| !p.kind.is_info())
-        .map(|p| (p.kind, p.ino, p.message.clone()))
-        .collect();
-    let mut rep = first;
-    for p in rep.problems.iter_mut() {
-        p.repaired = !p.kind.is_info() && !remaining.contains(&(p.kind, p.ino, p.message.clone()));
-    }
-    for p in verify.problems {
-        if !p.kind.is_info() && !rep.problems.iter().any(|q| q.message == p.message) {
-            rep.problems.push(p);
-        }
-    }
-    Ok(rep)
-}
-
-struct Ctx {
-    problems: Vec<FsckProblem>,
-}
-
-impl Ctx {
-    fn add(&mut self, kind: ProblemKind, ino: Option<Ino>, message: String) {
-        self.problems.push(FsckProblem {
-            kind,
-            ino,
-            message,
-            repaired: false,
-        });
-    }
-}
-
-#[derive(Default)]
-struct Fixes {
-    remove_dirents: Vec<(Ino, Vec<u8>)>,
-    remove_index: Vec<(Ino, u64)>,
-    free_inodes: Vec<Ino>,
-    remove_map: Vec<(Ino, u64)>,
-    remove_extents: Vec<u64>,
-    set_nlink: Vec<(Ino, u32)>,
-    set_refs: Vec<(u64, u32)>,
-    set_disk: Vec<(Ino, u64)>,
-    set_segments: Vec<(u64, Option<SegmentRec>)>,
-    set_stats: BTreeMap<u8, Option<StatRec>>,
-    counters: Vec<(&'static str, u64)>,
-    delete_files: Vec<u64>,
-}
-
-fn check(
+/// Loads the tables (records that do not decode are problems) and lists the segment files.
+pub(super) fn load(
     dir: &Path,
-    db: &Database,
-    uuid: &[u8; 16],
-    repair: bool,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<FsckReport> {
-    let mut c = Ctx {
-        problems: Vec::new(),
-    };
-    let mut fx = Fixes::default();
-    let mut rep = FsckReport::default();
-    let txn = db.begin_read()?;
-
-    // Load the tables.
+    txn: &ReadTransaction,
+    c: &mut Ctx,
+    fx: &mut Fixes,
+    rep: &mut FsckReport,
+) -> Result<Loaded> {
     let mut inodes: BTreeMap<Ino, InodeRec> = BTreeMap::new();
     for r in txn.open_table(meta::INODES)?.iter()? {
         let (k, v) = r?;
@@ -285,12 +158,42 @@ fn check(
         }
     }
 
-    // Directory tree and link counts.
+    let seg_dir = dir.join(SEGMENT_DIR);
+    let mut files: BTreeMap<u64, u64> = BTreeMap::new();
+    for e in std::fs::read_dir(&seg_dir)? {
+        let e = e?;
+        if let Some(id) = e.file_name().to_str().and_then(parse_segment_file_name) {
+            files.insert(id, e.metadata()?.len());
+        }
+    }
+    Ok(Loaded {
+        seg_dir,
+        inodes,
+        dirents,
+        index,
+        orphans,
+        extents,
+        seg_index,
+        segments,
+        stats,
+        files,
+    })
+}
+
+/// Directory tree and link counts; returns the largest inode number.
+pub(super) fn check_tree(l: &Loaded, c: &mut Ctx, fx: &mut Fixes) -> Ino {
+    let Loaded {
+        inodes,
+        dirents,
+        index,
+        orphans,
+        ..
+    } = l;
     let mut links: HashMap<Ino, u32> = HashMap::new();
     let mut subdirs: HashMap<Ino, u32> = HashMap::new();
     let mut dir_of: HashMap<Ino, Ino> = HashMap::new();
     let mut seen_index = BTreeSet::new();
-    for (d, name, de) in &dirents {
+    for (d, name, de) in dirents {
         let name_s = String::from_utf8_lossy(name);
         let parent_ok = inodes.get(d).is_some_and(|p| p.kind == FileKind::Dir);
         let target = inodes.get(&de.ino);
@@ -319,7 +222,7 @@ fn check(
             dir_of.insert(de.ino, *d);
         }
     }
-    for (k, name) in &index {
+    for (k, name) in index {
         if !seen_index.contains(k) {
             c.add(
                 ProblemKind::BadDirent,
@@ -334,7 +237,7 @@ fn check(
         }
     }
     let mut max_ino = ROOT_INO;
-    for (&ino, r) in &inodes {
+    for (&ino, r) in inodes {
         max_ino = max_ino.max(ino);
         let l = links.get(&ino).copied().unwrap_or(0);
         if ino != ROOT_INO && l == 0 {
@@ -381,8 +284,19 @@ fn check(
             }
         }
     }
+    max_ino
+}
 
-    // Extent maps.
+/// Extent maps: every entry inside its file and its extent.
+pub(super) fn check_maps(
+    txn: &ReadTransaction,
+    l: &Loaded,
+    c: &mut Ctx,
+    fx: &mut Fixes,
+) -> Result<MapUse> {
+    let Loaded {
+        inodes, extents, ..
+    } = l;
     let mut refs: HashMap<u64, u32> = HashMap::new();
     let mut referenced: HashMap<u8, u64> = HashMap::new();
     let mut users: HashMap<u64, Vec<(Ino, u64)>> = HashMap::new();
@@ -413,12 +327,10 @@ fn check(
             fx.remove_map.push((ino, off));
             continue;
         };
-        let end = off + m.len as u64;
+        let end = off.saturating_add(m.len as u64);
         let overlap = matches!(prev, Some((pi, pe)) if pi == ino && pe > off);
         let bad = if r.kind != FileKind::File {
             Some("belongs to a non-file".to_string())
-        } else if m.len == 0 {
-            Some("is empty".to_string())
         } else if overlap {
             Some("overlaps the previous entry".to_string())
         } else if end > r.size {
@@ -445,7 +357,7 @@ fn check(
             fx.remove_map.push((ino, off));
             continue;
         };
-        if m.ext_offset as u64 + m.len as u64 > x.raw_len as u64 {
+        if m.check_within(x.raw_len as u64).is_err() {
             c.add(
                 ProblemKind::BadMapEntry,
                 Some(ino),
@@ -461,26 +373,36 @@ fn check(
         *referenced.entry(x.codec).or_default() += m.len as u64;
         users.entry(m.extent).or_default().push((ino, off));
     }
+    Ok(MapUse {
+        refs,
+        referenced,
+        users,
+    })
+}
 
-    // Extents: records, index, bytes.
-    let seg_dir = dir.join(SEGMENT_DIR);
-    let mut files: BTreeMap<u64, u64> = BTreeMap::new();
-    for e in std::fs::read_dir(&seg_dir)? {
-        let e = e?;
-        if let Some(id) = e.file_name().to_str().and_then(parse_segment_file_name) {
-            files.insert(id, e.metadata()?.len());
-        }
-    }
-    let total: u64 =
-        extents.values().map(|x| x.footprint()).sum::<u64>() + files.values().sum::<u64>();
-    let mut done = 0u64;
-    progress(0, total);
+/// Extents: records, segment index, and their bytes read and verified.
+pub(super) fn check_extents(
+    l: &Loaded,
+    mu: &MapUse,
+    c: &mut Ctx,
+    fx: &mut Fixes,
+    rep: &mut FsckReport,
+    pr: &mut Progress<'_>,
+) -> Result<ExtentUse> {
+    let Loaded {
+        seg_dir,
+        extents,
+        seg_index,
+        files,
+        ..
+    } = l;
+    let MapUse { refs, users, .. } = mu;
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut stat_calc: BTreeMap<u8, StatRec> = BTreeMap::new();
     let mut disk: HashMap<Ino, u64> = HashMap::new();
     let mut open_files: HashMap<u64, std::fs::File> = HashMap::new();
     let mut max_ext = 0u64;
-    for (&id, x) in &extents {
+    for (&id, x) in extents {
         max_ext = max_ext.max(id);
         let who = users.get(&id).cloned().unwrap_or_default();
         let names = who
@@ -515,25 +437,25 @@ fn check(
         s.uncompressed += x.raw_len as u64;
         *disk.entry(x.ino).or_default() += x.stored_len as u64;
         // Read and verify the bytes.
-        let check = (|| -> std::result::Result<(), String> {
+        // A device error stops the check (EIO): reporting it as a damaged extent would have
+        // a repair drop data that is only unreadable for now.
+        let check = (|| -> std::io::Result<std::result::Result<(), String>> {
             if !files.contains_key(&x.segment) {
-                return Err(format!("segment {} is missing", x.segment));
+                return Ok(Err(format!("segment {} is missing", x.segment)));
             }
             let f = match open_files.get(&x.segment) {
                 Some(f) => f,
-                None => {
-                    let f = std::fs::File::open(seg_dir.join(segment_file_name(x.segment)))
-                        .map_err(|e| format!("segment {} unreadable: {e}", x.segment))?;
-                    open_files.entry(x.segment).or_insert(f)
-                }
+                None => match std::fs::File::open(seg_dir.join(segment_file_name(x.segment))) {
+                    Ok(f) => open_files.entry(x.segment).or_insert(f),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Ok(Err(format!("segment {} unreadable: {e}", x.segment)))
+                    }
+                    Err(e) => return Err(e),
+                },
             };
-            let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
-            std::os::unix::fs::FileExt::read_exact_at(f, &mut raw, x.seg_offset)
-                .map_err(|e| format!("read failed: {e}"))?;
-            crate::data::verify_extent(id, x, &raw).map(|_| ())
-        })();
-        done += x.footprint();
-        progress(done, total);
+            verify_stored(f, id, x)
+        })()?;
+        pr.advance(x.footprint());
         if let Err(why) = check {
             let kind = if why.contains("missing") {
                 ProblemKind::MissingExtent
@@ -564,10 +486,47 @@ fn check(
             fx.set_refs.push((id, n));
         }
     }
+    Ok(ExtentUse {
+        live,
+        stat_calc,
+        disk,
+        max_ext,
+    })
+}
+
+/// Reads extent `id` (record `x`) from its segment file `f` and verifies it: `Ok(Err(why))`
+/// when it is damaged or missing (the file ends before it), `Err` when the device fails.
+pub(super) fn verify_stored(
+    f: &std::fs::File,
+    id: u64,
+    x: &ExtentRec,
+) -> std::io::Result<std::result::Result<(), String>> {
+    let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
+    match std::os::unix::fs::FileExt::read_exact_at(f, &mut raw, x.seg_offset) {
+        Ok(()) => Ok(crate::read::verify_extent(id, x, &raw).map(|_| ())),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Ok(Err(format!("read failed: {e}")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Inline data, per-inode disk bytes and per-codec statistics.
+pub(super) fn check_accounting(
+    l: &Loaded,
+    referenced: HashMap<u8, u64>,
+    eu: &mut ExtentUse,
+    c: &mut Ctx,
+    fx: &mut Fixes,
+) {
+    let Loaded { inodes, stats, .. } = l;
+    let ExtentUse {
+        stat_calc, disk, ..
+    } = eu;
     for (codec, r) in referenced {
         stat_calc.entry(codec).or_default().referenced += r;
     }
-    for (&ino, r) in &inodes {
+    for (&ino, r) in inodes {
         if r.kind == FileKind::File {
             if let Some(i) = &r.inline {
                 let s = stat_calc.entry(STAT_INLINE).or_default();
@@ -575,7 +534,7 @@ fn check(
                 s.disk += i.bytes.len() as u64;
                 s.uncompressed += i.raw_len as u64;
                 s.referenced += i.raw_len as u64;
-                if let Err(e) = crate::data::decode_inline(ino, i) {
+                if let Err(e) = crate::read::decode_inline(ino, i) {
                     c.add(
                         ProblemKind::CorruptExtent,
                         Some(ino),
@@ -610,9 +569,18 @@ fn check(
             fx.set_stats.insert(k, Some(want));
         }
     }
+}
 
-    // Segments: records, headers, and a walk by extent headers.
-    for (&id, s) in &segments {
+/// Segment records against the files and the live bytes of their extents.
+pub(super) fn check_segment_records(l: &Loaded, eu: &ExtentUse, c: &mut Ctx, fx: &mut Fixes) {
+    let Loaded {
+        segments,
+        files,
+        extents,
+        ..
+    } = l;
+    let live = &eu.live;
+    for (&id, s) in segments {
         let l = live.get(&id).copied().unwrap_or(0);
         if !files.contains_key(&id) {
             if l > 0 || extents.values().any(|x| x.segment == id) {
@@ -646,12 +614,29 @@ fn check(
             ));
         }
     }
+}
+
+/// Segment files: headers, committed length, and a walk by extent headers.
+pub(super) fn check_segment_files(
+    l: &Loaded,
+    uuid: &[u8; 16],
+    c: &mut Ctx,
+    fx: &mut Fixes,
+    rep: &mut FsckReport,
+    pr: &mut Progress<'_>,
+) -> Result<()> {
+    let Loaded {
+        seg_dir,
+        segments,
+        files,
+        seg_index,
+        ..
+    } = l;
     rep.segments = files.len() as u64;
-    for (&id, &flen) in &files {
+    for (&id, &flen) in files {
         let path = seg_dir.join(segment_file_name(id));
         let data = std::fs::read(&path)?;
-        done += flen;
-        progress(done, total);
+        pr.advance(flen);
         let Some(srec) = segments.get(&id) else {
             c.add(
                 ProblemKind::LeftoverSegment,
@@ -731,8 +716,17 @@ fn check(
         }
         rep.dead_bytes += dead;
     }
+    Ok(())
+}
 
-    // Id counters.
+/// Id counters above every id in use.
+pub(super) fn check_counters(
+    txn: &ReadTransaction,
+    max_ino: Ino,
+    max_ext: u64,
+    c: &mut Ctx,
+    fx: &mut Fixes,
+) -> Result<()> {
     let m = txn.open_table(meta::META)?;
     let counter = |name: &str| -> Result<u64> {
         match m.get(name)? {
@@ -756,109 +750,37 @@ fn check(
         );
         fx.counters.push((meta::NEXT_EXTENT, max_ext + 1));
     }
-    drop(m);
-    drop(txn);
-
-    if repair {
-        apply(dir, db, &fx)?;
-        for p in c.problems.iter_mut() {
-            p.repaired = !p.kind.is_info();
-        }
-    }
-    rep.problems = c.problems;
-    Ok(rep)
+    Ok(())
 }
 
-fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
-    let txn = db.begin_write()?;
-    {
-        let mut w = W::open(&txn)?;
-        for (d, name) in &fx.remove_dirents {
-            w.dirents_mut()?.remove((*d, name.as_slice()))?;
-        }
-        for k in &fx.remove_index {
-            w.dirindex_mut()?.remove(*k)?;
-        }
-        for (ino, off) in &fx.remove_map {
-            w.extmap_mut()?.remove((*ino, *off))?;
-        }
-        for id in &fx.remove_extents {
-            let removed = w
-                .extents_mut()?
-                .remove(*id)?
-                .map(|v| ExtentRec::decode(v.value()));
-            if let Some(Ok(x)) = removed {
-                w.seg_extents_mut()?.remove((x.segment, x.seg_offset))?;
-            }
-        }
-        for ino in &fx.free_inodes {
-            // Remove what the inode owns directly; counts are recomputed by the next pass.
-            let owned: Vec<u64> = w
-                .extmap()?
-                .range((*ino, 0)..=(*ino, u64::MAX))?
-                .map(|r| r.map(|(k, _)| k.value().1))
-                .collect::<std::result::Result<_, _>>()?;
-            for off in owned {
-                w.extmap_mut()?.remove((*ino, off))?;
-            }
-            let names: Vec<Vec<u8>> = w
-                .xattrs()?
-                .range((*ino, &[][..])..(*ino + 1, &[][..]))?
-                .map(|r| r.map(|(k, _)| k.value().1.to_vec()))
-                .collect::<std::result::Result<_, _>>()?;
-            for n in names {
-                w.xattrs_mut()?.remove((*ino, n.as_slice()))?;
-            }
-            w.orphans_mut()?.remove(*ino)?;
-            w.inodes_mut()?.remove(*ino)?;
-        }
-        for (ino, n) in &fx.set_nlink {
-            if let Ok(mut r) = w.inode(*ino) {
-                r.nlink = *n;
-                w.put_inode(*ino, &r)?;
-            }
-        }
-        for (ino, d) in &fx.set_disk {
-            if let Ok(mut r) = w.inode(*ino) {
-                r.disk_bytes = *d;
-                w.put_inode(*ino, &r)?;
-            }
-        }
-        for (id, n) in &fx.set_refs {
-            if let Ok(mut x) = w.extent(*id) {
-                x.refs = *n;
-                w.extents_mut()?.insert(*id, x.encode().as_slice())?;
-            }
-        }
-        for (id, s) in &fx.set_segments {
-            match s {
-                Some(s) => w.put_segment(*id, s)?,
-                None => {
-                    w.segments_mut()?.remove(*id)?;
-                }
-            }
-        }
-        for (k, s) in &fx.set_stats {
-            match s {
-                Some(s) => {
-                    w.stats_mut()?.insert(*k, s.encode().as_slice())?;
-                }
-                None => {
-                    w.stats_mut()?.remove(*k)?;
-                }
-            }
-        }
-        for (name, v) in &fx.counters {
-            w.meta_mut()?.insert(*name, v.to_le_bytes().as_slice())?;
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read that fails on the device is an I/O error (the check stops); a segment that ends
+    /// before the extent is damage (reported, repairable).
+    #[test]
+    fn a_device_error_is_not_a_damaged_extent() {
+        let x = ExtentRec {
+            segment: 1,
+            seg_offset: 64,
+            stored_len: 10,
+            raw_len: 10,
+            codec: 0,
+            level: 0,
+            crc: 0,
+            refs: 1,
+            ino: 2,
+        };
+        let t = tempfile::tempdir().unwrap();
+        // Reading a directory fails with EISDIR: a stand-in for a failing device.
+        let dir = std::fs::File::open(t.path()).unwrap();
+        let e = verify_stored(&dir, 1, &x).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+        let short = t.path().join("short");
+        std::fs::write(&short, [0u8; 70]).unwrap();
+        let f = std::fs::File::open(&short).unwrap();
+        let why = verify_stored(&f, 1, &x).unwrap().unwrap_err();
+        assert!(why.starts_with("read failed"), "{why}");
     }
-    txn.commit()?;
-    for id in &fx.delete_files {
-        let p = dir.join(SEGMENT_DIR).join(segment_file_name(*id));
-        match std::fs::remove_file(&p) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::Io(e)),
-            _ => {}
-        }
-    }
-    Ok(())
 }

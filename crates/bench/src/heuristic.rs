@@ -7,19 +7,17 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use compfs_codec::{
-    btrfs_heuristic, check_extent_size, worth_it, CodecSpec, Compressor, ExtentEncoder,
-    ExtentOutcome, ExtentPolicy, Heuristic, MinSaving, Mode, RawReason, SECTOR,
+    btrfs_heuristic, check_extent_size, human, parse_size, worth_it, CodecSpec, Compressor,
+    ExtentEncoder, ExtentOutcome, ExtentPolicy, Heuristic, MinSaving, Mode, RawReason, SECTOR,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::bench_codecs::list_files;
-use super::util::{human, parse_size};
+use crate::corpus::list_files;
+use crate::error::{bail, Context, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -219,7 +217,8 @@ fn random_bytes(n: usize) -> Vec<u8> {
     v
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs `compfs bench heuristic`.
+pub fn run(args: Args) -> Result<()> {
     let spec = CodecSpec::parse(&args.spec)?.spec;
     let judge = CodecSpec::parse(&args.judge)?.spec;
     if spec.is_none() || judge.is_none() {
@@ -283,7 +282,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn print_report(rows: &[Row], total: &Row, spec: CodecSpec, judge: CodecSpec, block: usize) {

@@ -4,11 +4,11 @@
 //! command-line benchmarks on the same bytes in the same run and prints their figures beside
 //! ours. `--json` writes the table; `--plot` draws ratio against compress speed from that table.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use compfs_codec::spec::btrfs_zstd_workspace_bytes;
 use compfs_codec::{
     check_extent_size, parse_level_list, Algorithm, CodecSpec, Compressor, Decompressor,
@@ -16,7 +16,10 @@ use compfs_codec::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::util::{human, parse_size};
+use crate::corpus;
+use crate::error::{bail, Context, Result};
+
+use compfs_codec::{human, parse_size};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -49,40 +52,6 @@ pub struct Args {
     /// Files to read (concatenated, then cut into blocks; a directory is read recursively).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
-}
-
-/// Appends the regular files under `p` to `out`: `p` itself, or a directory's files recursively
-/// in name order (symlinks and special files skipped).
-pub fn list_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let md =
-        std::fs::symlink_metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
-    if md.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-            .with_context(|| format!("cannot list {}", p.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        for e in entries {
-            list_files(&e, out)?;
-        }
-    } else if md.is_file() {
-        out.push(p.to_path_buf());
-    }
-    Ok(())
-}
-
-/// Reads the files under `paths` (see [`list_files`]) and appends their bytes to `out`.
-pub fn collect(paths: &[PathBuf], out: &mut Vec<u8>) -> Result<()> {
-    let mut files = Vec::new();
-    for p in paths {
-        list_files(p, &mut files)?;
-    }
-    for f in files {
-        out.extend_from_slice(
-            &std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?,
-        );
-    }
-    Ok(())
 }
 
 /// Figures reported by a command-line tool's benchmark mode.
@@ -125,7 +94,8 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs `compfs bench codecs`.
+pub fn run(args: Args) -> Result<()> {
     let specs = parse_level_list(&args.levels)?;
     let block = parse_size(&args.block)? as usize;
     check_extent_size(block)?;
@@ -136,14 +106,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
         bail!("--min-time must be a non-negative number of seconds");
     }
     let mut data = Vec::new();
-    collect(&args.files, &mut data)?;
-    anyhow::ensure!(!data.is_empty(), "no data: the given files are empty");
+    corpus::concatenate(&args.files, &mut data)?;
+    if data.is_empty() {
+        bail!("no data: the given files are empty");
+    }
     let blocks: Vec<&[u8]> = data.chunks(block).collect();
     let min_time = Duration::from_secs_f64(args.min_time);
 
     // The CLIs read a file: write the concatenation once, removed again on drop.
     let cli_input = if args.vs_cli {
-        Some(TempFile::write(&data)?)
+        let mut f = tempfile::Builder::new()
+            .prefix("compfs-bench-")
+            .suffix(".bin")
+            .tempfile()
+            .context("cannot create a temporary file")?;
+        f.write_all(&data)
+            .with_context(|| format!("cannot write temporary file {}", f.path().display()))?;
+        Some(f)
     } else {
         None
     };
@@ -239,9 +218,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if let Some(path) = &args.plot {
-        plot(&report, path)?;
+        crate::plot::codecs(&report, path)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn print_header(vs_cli: bool) {
@@ -432,34 +411,6 @@ fn context_memory(spec: CodecSpec, block: &[u8]) -> (u64, u64) {
     }
 }
 
-/// A temporary copy of the benchmark input for the command-line tools, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn write(data: &[u8]) -> Result<TempFile> {
-        let path = std::env::temp_dir().join(format!(
-            "compfs-bench-{}-{}.bin",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0)
-        ));
-        std::fs::write(&path, data)
-            .with_context(|| format!("cannot write temporary file {}", path.display()))?;
-        Ok(TempFile(path))
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// The command line that benchmarks `spec` with its reference tool on independent blocks, or
 /// None where no such tool exists (zlib, lzo, none).
 fn cli_command(spec: CodecSpec, file: &Path, block: usize, secs: u64) -> Option<Vec<String>> {
@@ -552,100 +503,6 @@ pub fn parse_cli_bench(text: &str) -> Option<(u64, u64, f64, f64)> {
     })
 }
 
-/// Indices of the rows on the Pareto frontier: no other row is at least as fast and at least as
-/// good in ratio, and strictly better in one.
-pub fn pareto(points: &[(f64, f64)]) -> Vec<usize> {
-    (0..points.len())
-        .filter(|&i| {
-            let (s, r) = points[i];
-            !points
-                .iter()
-                .any(|&(s2, r2)| s2 >= s && r2 >= r && (s2 > s || r2 > r))
-        })
-        .collect()
-}
-
-fn plot(report: &Report, path: &Path) -> Result<()> {
-    use plotters::prelude::*;
-    let pts: Vec<(f64, f64)> = report
-        .rows
-        .iter()
-        .map(|r| (r.compress_mbs, r.ratio))
-        .collect();
-    let mut front = pareto(&pts);
-    front.sort_by(|&a, &b| pts[a].0.total_cmp(&pts[b].0));
-    let (smin, smax) = pts.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
-        (lo.min(p.0), hi.max(p.0))
-    });
-    let (rmin, rmax) = pts.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
-        (lo.min(p.1), hi.max(p.1))
-    });
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (1000, 700)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!(
-                    "compfs codecs: {} in {} blocks, {} thread(s)",
-                    human(report.input_bytes),
-                    human(report.block),
-                    report.threads
-                ),
-                ("sans-serif", 22),
-            )
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(55)
-            .build_cartesian_2d(
-                ((smin * 0.8).max(0.01)..smax * 1.25).log_scale(),
-                (rmin * 0.95)..(rmax * 1.05),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("compress MB/s (log scale)")
-            .y_desc("ratio")
-            .draw()?;
-        let colour = |alg: &str| match alg {
-            "zstd" => BLUE,
-            "zlib" => GREEN,
-            "lz4" => RED,
-            "lzo" => MAGENTA,
-            _ => BLACK,
-        };
-        chart.draw_series(LineSeries::new(
-            front.iter().map(|&i| pts[i]),
-            ShapeStyle::from(&BLACK.mix(0.5)).stroke_width(2),
-        ))?;
-        for (i, r) in report.rows.iter().enumerate() {
-            let c = colour(&r.algorithm);
-            let on_front = front.contains(&i);
-            let p = pts[i];
-            chart.draw_series(std::iter::once(Circle::new(
-                p,
-                if on_front { 6 } else { 4 },
-                if on_front {
-                    c.filled()
-                } else {
-                    c.stroke_width(1)
-                },
-            )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                r.codec.clone(),
-                p,
-                ("sans-serif", 11).into_font(),
-            )))?;
-        }
-        chart.draw_series(std::iter::once(Text::new(
-            "filled, joined: Pareto frontier (no codec is both faster and smaller)".to_string(),
-            (smin.max(0.01), rmax * 1.03),
-            ("sans-serif", 13).into_font(),
-        )))?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,19 +541,6 @@ mod tests {
         assert_eq!(c("lz4").unwrap(), "lz4 -b1 -B131072 -i2 /tmp/x");
         assert_eq!(c("zlib:3"), None);
         assert_eq!(c("lzo"), None);
-    }
-
-    #[test]
-    fn pareto_frontier() {
-        let pts = [
-            (100.0, 3.0),
-            (500.0, 2.0),
-            (90.0, 2.9),
-            (500.0, 1.9),
-            (50.0, 3.5),
-        ];
-        assert_eq!(pareto(&pts), vec![0, 1, 4]);
-        assert_eq!(pareto(&[]), Vec::<usize>::new());
     }
 
     #[test]

@@ -2,86 +2,88 @@
 //! uncompressed `memory` plugin (IOPS through the same fio nbd client, resident memory).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
 use clap::Args as ClapArgs;
 use compfs_blk::server::{control_path, control_request};
 use compfs_blk::Stats;
 use serde::Serialize;
 
+use crate::corpus;
+use crate::error::{bail, failed, Context, Result};
+
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     /// Data written to every device: a file, or a `.zst` file unpacked first (e.g. a tar).
     #[arg(long)]
-    input: PathBuf,
+    pub input: PathBuf,
     /// compfs codecs to measure, comma-separated.
     #[arg(long, default_value = "lzo,lz4,zstd:1,zstd:3,zstd:9")]
-    codecs: String,
+    pub codecs: String,
     /// Codec whose server also runs the fio jobs.
     #[arg(long, default_value = "lz4")]
-    fio_codec: String,
+    pub fio_codec: String,
     /// Seconds per fio job.
     #[arg(long, default_value = "5")]
-    runtime: u64,
+    pub runtime: u64,
     /// Repetitions of each fio job; devices alternate and the median is reported.
     #[arg(long, default_value = "3")]
-    reps: u32,
+    pub reps: u32,
     /// Skip kernel zram (needs root and /dev/zram0).
     #[arg(long)]
-    no_zram: bool,
+    pub no_zram: bool,
     /// Skip the fio throughput runs.
     #[arg(long)]
-    no_fio: bool,
+    pub no_fio: bool,
     /// Write the results as JSON here.
     #[arg(long)]
-    json: Option<PathBuf>,
+    pub json: Option<PathBuf>,
     /// Write an SVG plot of orig/mem per device here.
     #[arg(long)]
-    svg: Option<PathBuf>,
+    pub svg: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize, Clone)]
-struct RatioRow {
-    device: String,
-    codec: String,
-    orig: u64,
-    compr: u64,
-    mem_used: u64,
-    orig_per_compr: f64,
-    orig_per_mem: f64,
-    mem_per_compr: f64,
+pub struct RatioRow {
+    pub device: String,
+    pub codec: String,
+    pub orig: u64,
+    pub compr: u64,
+    pub mem_used: u64,
+    pub orig_per_compr: f64,
+    pub orig_per_mem: f64,
+    pub mem_per_compr: f64,
     /// Resident memory of the server process after the write (userspace devices only).
-    rss: Option<u64>,
-    write_mb_s: f64,
+    pub rss: Option<u64>,
+    pub write_mb_s: f64,
 }
 
 #[derive(Debug, Serialize, Clone)]
-struct FioRow {
-    device: String,
-    rw: String,
-    jobs: u32,
+pub struct FioRow {
+    pub device: String,
+    pub rw: String,
+    pub jobs: u32,
     /// Median of `runs`.
-    iops: f64,
-    runs: Vec<f64>,
+    pub iops: f64,
+    pub runs: Vec<f64>,
 }
 
 /// The page store alone, in this process, without NBD: does the sharded locking scale?
 #[derive(Debug, Serialize, Clone)]
-struct ScalingRow {
-    op: String,
-    threads: u32,
-    pages_per_s: f64,
+pub struct ScalingRow {
+    pub op: String,
+    pub threads: u32,
+    pub pages_per_s: f64,
 }
 
 #[derive(Debug, Serialize)]
-struct Report {
-    input: String,
-    input_bytes: u64,
-    ratios: Vec<RatioRow>,
-    fio: Vec<FioRow>,
-    store_scaling: Vec<ScalingRow>,
+pub struct Report {
+    pub input: String,
+    pub input_bytes: u64,
+    pub ratios: Vec<RatioRow>,
+    pub fio: Vec<FioRow>,
+    pub store_scaling: Vec<ScalingRow>,
 }
 
 /// Random 4 KiB page reads and overwrites (with pages of the input) on an in-process store,
@@ -94,7 +96,7 @@ fn store_scaling(input: &Path, codec: &str, secs: f64) -> Result<Vec<ScalingRow>
         bail!("the input is smaller than a page");
     }
     let spec = compfs_codec::CodecSpec::parse(codec)
-        .map_err(|e| anyhow!("{e}"))?
+        .map_err(|e| failed!("{e}"))?
         .spec;
     let store = PageStore::new(Config {
         size: pages * PAGE as u64,
@@ -102,10 +104,10 @@ fn store_scaling(input: &Path, codec: &str, secs: f64) -> Result<Vec<ScalingRow>
         recomp: vec![],
         mem_limit: 0,
     })
-    .map_err(|e| anyhow!("{e}"))?;
+    .map_err(|e| failed!("{e}"))?;
     store
         .write(0, &data[..pages as usize * PAGE])
-        .map_err(|e| anyhow!("{e}"))?;
+        .map_err(|e| failed!("{e}"))?;
     let mut rows = Vec::new();
     for op in ["read", "write"] {
         for threads in [1u32, 2] {
@@ -169,7 +171,7 @@ fn rss(pid: u32) -> Result<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
+        .ok_or_else(|| failed!("no VmRSS for pid {pid}"))?;
     Ok(kb * 1024)
 }
 
@@ -206,8 +208,7 @@ fn nbdcopy_in(input: &Path, uri: &str) -> Result<f64> {
 }
 
 fn fio(target: &[String], rw: &str, jobs: u32, runtime: u64, size: u64) -> Result<f64> {
-    let mut c = Command::new("fio");
-    c.args([
+    let mut args: Vec<String> = [
         "--name=blk",
         &format!("--rw={rw}"),
         "--bs=4k",
@@ -220,20 +221,12 @@ fn fio(target: &[String], rw: &str, jobs: u32, runtime: u64, size: u64) -> Resul
         "--buffer_compress_percentage=50",
         "--refill_buffers",
         "--randrepeat=0",
-        "--output-format=json",
-    ]);
-    c.args(target);
-    let o = check(&mut c)?;
-    // The nbd engine prints "fio: connected to NBD server" before the JSON.
-    let text = String::from_utf8_lossy(&o.stdout);
-    let json = text.find('{').map(|i| &text[i..]).unwrap_or("");
-    let v: serde_json::Value =
-        serde_json::from_str(json).with_context(|| "fio printed no JSON report")?;
-    let job = &v["jobs"][0];
-    let key = if rw.contains("read") { "read" } else { "write" };
-    job[key]["iops"]
-        .as_f64()
-        .ok_or_else(|| anyhow!("no IOPS in fio output"))
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend_from_slice(target);
+    crate::fio::iops(&args, rw)
 }
 
 /// Runs every fio job `reps` times on each target, alternating targets so a busy machine
@@ -310,7 +303,7 @@ fn compfs_run(input: &Path, dir: &Path, codec: &str, size: u64) -> Result<Filled
     wait_for(&control_path(&sock))?;
     let uri = format!("nbd+unix:///?socket={}", sock.display());
     let mb_s = nbdcopy_in(input, &uri)?;
-    let lines = control_request(&control_path(&sock), "stat").map_err(|e| anyhow!("{e}"))?;
+    let lines = control_request(&control_path(&sock), "stat").map_err(|e| failed!("{e}"))?;
     let get = |k: &str| {
         lines
             .iter()
@@ -319,7 +312,7 @@ fn compfs_run(input: &Path, dir: &Path, codec: &str, size: u64) -> Result<Filled
             .to_string()
     };
     let stats = Stats::parse(&get("mm_stat "), &get("io_stat "), &get("bd_stat "))
-        .ok_or_else(|| anyhow!("bad stat reply"))?;
+        .ok_or_else(|| failed!("bad stat reply"))?;
     let row = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
     Ok(Filled { row, _proc: p, uri })
 }
@@ -380,7 +373,7 @@ fn zram_run(
     let mb_s = std::fs::metadata(input)?.len() as f64 / 1e6 / t.elapsed().as_secs_f64();
     let mm = std::fs::read_to_string(format!("{ZRAM}/mm_stat"))?;
     let stats = Stats::parse(mm.trim(), "0 0 0 0", "0 0 0")
-        .ok_or_else(|| anyhow!("cannot parse zram mm_stat '{mm}'"))?;
+        .ok_or_else(|| failed!("cannot parse zram mm_stat '{mm}'"))?;
     let r = row("kernel zram", alg, &stats, None, mb_s);
     if !a.no_fio && alg == "lz4" {
         let target = vec![
@@ -445,87 +438,17 @@ fn print_scaling(rep: &Report) {
     }
 }
 
-fn plot(rep: &Report, path: &Path) -> Result<()> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-    let n = rep.ratios.len().max(1);
-    let ymax = rep
-        .ratios
-        .iter()
-        .map(|r| r.orig_per_compr.max(r.orig_per_mem))
-        .fold(1.0, f64::max)
-        * 1.15;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "compfs blk vs kernel zram: orig/compr (circles) and orig/mem_used (crosses)",
-            ("sans-serif", 18),
-        )
-        .margin(15)
-        .x_label_area_size(60)
-        .y_label_area_size(50)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)
-        .map_err(|e| anyhow!("{e}"))?;
-    let labels: Vec<String> = rep
-        .ratios
-        .iter()
-        .map(|r| format!("{} {}", r.device.replace("kernel ", ""), r.codec))
-        .collect();
-    chart
-        .configure_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| {
-            let i = x.round() as usize;
-            labels.get(i).cloned().unwrap_or_default()
-        })
-        .y_desc("ratio")
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .draw_series(
-            rep.ratios
-                .iter()
-                .enumerate()
-                .map(|(i, r)| Circle::new((i as f64, r.orig_per_compr), 5, BLUE.filled())),
-        )
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .draw_series(
-            rep.ratios
-                .iter()
-                .enumerate()
-                .map(|(i, r)| Cross::new((i as f64, r.orig_per_mem), 6, RED.stroke_width(2))),
-        )
-        .map_err(|e| anyhow!("{e}"))?;
-    root.present().map_err(|e| anyhow!("{e}"))?;
-    Ok(())
+/// Runs `compfs bench blk`.
+pub fn run(a: Args) -> Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("compfs-bench-blk-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    run_in(&a, dir.path())
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
-    let dir = std::env::temp_dir().join(format!("compfs-bench-blk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let result = run_in(&a, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn run_in(a: &Args, dir: &Path) -> Result<ExitCode> {
-    let input = if a.input.extension().is_some_and(|e| e == "zst") {
-        let out = dir.join("input.bin");
-        let f = std::fs::File::create(&out)?;
-        let st = Command::new("zstd")
-            .arg("-dc")
-            .arg(&a.input)
-            .stdout(f)
-            .status()
-            .context("cannot run zstd to unpack the input")?;
-        if !st.success() {
-            bail!("zstd could not unpack {}", a.input.display());
-        }
-        out
-    } else {
-        a.input.clone()
-    };
+fn run_in(a: &Args, dir: &Path) -> Result<()> {
+    let input = corpus::plain_file(&a.input, dir)?;
     let len = std::fs::metadata(&input)
         .with_context(|| format!("cannot read {}", input.display()))?
         .len();
@@ -560,8 +483,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<ExitCode> {
             &mut fio_rows,
         )?;
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     if !a.no_zram && root && Path::new(ZRAM).exists() {
         let avail = std::fs::read_to_string(format!("{ZRAM}/comp_algorithm"))?;
         for alg in ["lzo-rle", "lzo", "lz4", "zstd"] {
@@ -596,7 +518,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<ExitCode> {
             .with_context(|| format!("cannot write {}", j.display()))?;
     }
     if let Some(s) = &a.svg {
-        plot(&rep, s)?;
+        crate::plot::blk(&rep, s)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

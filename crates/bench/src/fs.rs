@@ -10,14 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
 use clap::Args as ClapArgs;
 use compfs_codec::{CodecSpec, Mode};
 use compfs_fs::UsageReport;
 use compfs_store::{CreateOptions, Store};
 use serde::Serialize;
 
-use super::util::{human, parse_size};
+use crate::corpus;
+use crate::error::{bail, failed, Context, Result};
+
+use compfs_codec::{human, parse_size};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -128,11 +130,10 @@ struct Report {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+fn run_tool(cmd: &mut Command) -> Result<()> {
     let o = cmd
         .stdin(Stdio::null())
         .output()
@@ -146,47 +147,41 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn sh(script: &str, dir: &Path) -> Result<()> {
-    run(Command::new("sh").arg("-c").arg(script).current_dir(dir))
-}
-
-fn tree_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        for e in std::fs::read_dir(&p).with_context(|| format!("{}", p.display()))? {
-            let e = e?;
-            let md = e.metadata()?;
-            if md.is_dir() {
-                stack.push(e.path());
-            } else if md.is_file() {
-                total += md.len();
-            }
-        }
-    }
-    Ok(total)
-}
-
 /// Flushes the page cache to the file system, and the file system to disk: `sync`, then an
 /// fsync of the mount's root directory (compfs: syncs the whole store; FUSE has no syncfs).
 fn full_sync(mnt: &Path) -> Result<()> {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
     std::fs::File::open(mnt)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("fsync {}", mnt.display()))
 }
 
 fn drop_caches() -> bool {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
 /// Cold read of everything under `mnt` the way the seed did it.
 fn read_all(mnt: &Path) -> Result<f64> {
     let t = Instant::now();
-    sh("tar cf - . | cat > /dev/null", mnt)?;
+    // Through cat: GNU tar writing to /dev/null itself would skip reading the files.
+    let mut tar = Command::new("tar")
+        .args(["cf", "-", "."])
+        .current_dir(mnt)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run tar")?;
+    let out = tar.stdout.take().ok_or_else(|| failed!("no tar stdout"))?;
+    let cat = Command::new("cat")
+        .stdin(out)
+        .stdout(Stdio::null())
+        .status()
+        .context("cannot run cat");
+    let st = tar.wait().context("waiting for tar")?;
+    if !st.success() || !cat?.success() {
+        bail!("reading {} with tar cf - . | cat failed", mnt.display());
+    }
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -211,7 +206,7 @@ impl CompfsMount {
         let out = child
             .stdout
             .take()
-            .ok_or_else(|| anyhow!("no daemon stdout"))?;
+            .ok_or_else(|| failed!("no daemon stdout"))?;
         let mut line = String::new();
         BufReader::new(out).read_line(&mut line)?;
         let m = CompfsMount {
@@ -293,13 +288,15 @@ impl BtrfsMount {
             o.push(',');
             o.push_str(opts);
         }
-        run(Command::new("mount")
-            .arg("-t")
-            .arg("btrfs")
-            .arg("-o")
-            .arg(&o)
-            .arg(img)
-            .arg(mnt))?;
+        run_tool(
+            Command::new("mount")
+                .arg("-t")
+                .arg("btrfs")
+                .arg("-o")
+                .arg(&o)
+                .arg(img)
+                .arg(mnt),
+        )?;
         Ok(BtrfsMount {
             mnt: mnt.to_path_buf(),
             mounted: true,
@@ -308,7 +305,7 @@ impl BtrfsMount {
 
     fn unmount(mut self) -> Result<()> {
         self.mounted = false;
-        run(Command::new("umount").arg(&self.mnt))
+        run_tool(Command::new("umount").arg(&self.mnt))
     }
 }
 
@@ -325,7 +322,7 @@ fn mkfs_btrfs(img: &Path, size: u64) -> Result<()> {
     let f = std::fs::File::create(img)?;
     f.set_len(size)?;
     drop(f);
-    run(Command::new("mkfs.btrfs").args(["-f", "-q"]).arg(img))
+    run_tool(Command::new("mkfs.btrfs").args(["-f", "-q"]).arg(img))
 }
 
 /// btrfs ratio: compsize when installed, else df.
@@ -351,22 +348,12 @@ fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
 }
 
 fn df_used(p: &Path) -> u64 {
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
-        return 0;
-    };
-    // SAFETY: zeroed statvfs is valid output storage; c is a valid path.
-    unsafe {
-        let mut s: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut s) != 0 {
-            return 0;
-        }
-        (s.f_blocks - s.f_bfree) * s.f_frsize
-    }
+    rustix::fs::statvfs(p).map_or(0, |s| (s.f_blocks - s.f_bfree) * s.f_frsize)
 }
 
 fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
     let mut total = UsageReport::default();
-    super::fs::walk_usage(mnt, &mut HashSet::new(), &mut total)?;
+    compfs_fs::add_tree_usage(mnt, &mut HashSet::new(), &mut total)?;
     let t = total.total();
     Ok((t.uncompressed as f64 / t.disk.max(1) as f64, t.disk))
 }
@@ -426,10 +413,12 @@ impl Ctx {
     fn copy_in(&self, mnt: &Path, copies: u32) -> Result<f64> {
         let t = Instant::now();
         for i in 0..copies {
-            run(Command::new("cp")
-                .arg("-r")
-                .arg(&self.corpus)
-                .arg(mnt.join(format!("copy{i}"))))?;
+            run_tool(
+                Command::new("cp")
+                    .arg("-r")
+                    .arg(&self.corpus)
+                    .arg(mnt.join(format!("copy{i}"))),
+            )?;
         }
         full_sync(mnt)?;
         Ok(t.elapsed().as_secs_f64())
@@ -539,11 +528,13 @@ impl Ctx {
     fn untar(&self, fs: &str, tarball: &Path, bytes: u64) -> Result<Row> {
         let run_it = |mnt: &Path| -> Result<f64> {
             let t = Instant::now();
-            run(Command::new("tar")
-                .arg("xf")
-                .arg(tarball)
-                .arg("-C")
-                .arg(mnt))?;
+            run_tool(
+                Command::new("tar")
+                    .arg("xf")
+                    .arg(tarball)
+                    .arg("-C")
+                    .arg(mnt),
+            )?;
             full_sync(mnt)?;
             Ok(t.elapsed().as_secs_f64())
         };
@@ -563,34 +554,19 @@ impl Ctx {
     /// fio 4 KiB random overwrite of one file.
     fn fio(&self, fs: &str, size: u64) -> Result<Row> {
         let run_fio = |mnt: &Path| -> Result<f64> {
-            let o = Command::new("fio")
-                .args([
-                    "--name=randwrite",
-                    "--rw=randwrite",
-                    "--bs=4k",
-                    "--ioengine=psync",
-                    "--end_fsync=1",
-                    "--randrepeat=1",
-                    "--output-format=json",
-                ])
-                .arg(format!("--size={size}"))
-                .arg(format!("--filename={}", mnt.join("fio.dat").display()))
-                .output()
-                .context("cannot run fio (scripts/deps.sh installs it)")?;
-            if !o.status.success() {
-                bail!("fio failed: {}", String::from_utf8_lossy(&o.stderr));
-            }
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-                .or_else(|_| {
-                    // fio may print notes before the JSON.
-                    let s = String::from_utf8_lossy(&o.stdout);
-                    let i = s.find('{').unwrap_or(0);
-                    serde_json::from_str(&s[i..])
-                })
-                .context("cannot parse fio's JSON")?;
-            v["jobs"][0]["write"]["iops"]
-                .as_f64()
-                .ok_or_else(|| anyhow!("fio JSON has no write iops"))
+            let mut args: Vec<String> = [
+                "--name=randwrite",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--ioengine=psync",
+                "--end_fsync=1",
+                "--randrepeat=1",
+            ]
+            .map(String::from)
+            .to_vec();
+            args.push(format!("--size={size}"));
+            args.push(format!("--filename={}", mnt.join("fio.dat").display()));
+            crate::fio::iops(&args, "randwrite")
         };
         let iops = self.on_fresh_fs(fs, "compress-force=zstd:3", run_fio)?;
         Ok(Row {
@@ -616,39 +592,9 @@ fn median_run(mut runs: Vec<Row>) -> Result<Row> {
     let mut r = runs
         .into_iter()
         .nth(mid)
-        .ok_or_else(|| anyhow!("no untar run"))?;
+        .ok_or_else(|| failed!("no untar run"))?;
     r.note = format!("median of {} runs: {} s", all.len(), all.join(", "));
     Ok(r)
-}
-
-/// Unpacks a tar or tar.zst corpus into `dest`, or returns the directory as is.
-fn prepare_corpus(src: &Path, work: &Path) -> Result<PathBuf> {
-    // Unpacking runs in the work directory: a relative path must not change meaning there.
-    let src = &std::fs::canonicalize(src)
-        .with_context(|| format!("corpus {}: no such file or directory", src.display()))?;
-    if src.is_dir() {
-        return Ok(src.to_path_buf());
-    }
-    if !src.is_file() {
-        bail!(
-            "corpus {} is neither a directory nor a tar file",
-            src.display()
-        );
-    }
-    let dest = work.join("corpus");
-    std::fs::create_dir_all(&dest)?;
-    let name = src.to_string_lossy();
-    let script = if name.ends_with(".zst") || name.ends_with(".tzst") {
-        format!(
-            "zstd -dc '{}' | tar xf - -C '{}'",
-            src.display(),
-            dest.display()
-        )
-    } else {
-        format!("tar xf '{}' -C '{}'", src.display(), dest.display())
-    };
-    sh(&script, work).context("unpacking the corpus (zstd and tar must be installed)")?;
-    Ok(dest)
 }
 
 fn fmt_ratio(a: f64, b: f64) -> String {
@@ -718,60 +664,8 @@ fn print_table(rows: &[Row]) {
     println!("(wr/rd = MB/s, or IOPS for fio; x = compression ratio; RSS = compfs daemon peak MiB; c/b = compfs / btrfs)");
 }
 
-fn plot(rows: &[Row], path: &Path) -> Result<()> {
-    use plotters::prelude::*;
-    let pts: Vec<&Row> = rows
-        .iter()
-        .filter(|r| r.workload == "copy" && r.write_mbs > 0.0 && r.ratio > 0.0)
-        .collect();
-    if pts.is_empty() {
-        bail!("nothing to plot");
-    }
-    let xmax = pts.iter().map(|r| r.write_mbs).fold(0.0, f64::max) * 1.15;
-    let ymax = pts.iter().map(|r| r.ratio).fold(0.0, f64::max) * 1.1;
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (1000, 700)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "compfs vs kernel btrfs: ratio against write MB/s (copy + sync)",
-                ("sans-serif", 22),
-            )
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0.0..xmax, 0.8..ymax)?;
-        chart
-            .configure_mesh()
-            .x_desc("write MB/s")
-            .y_desc("ratio")
-            .draw()?;
-        for (fs, colour) in [("compfs", BLUE), ("btrfs", RED)] {
-            let series: Vec<&&Row> = pts.iter().filter(|r| r.fs == fs).collect();
-            chart
-                .draw_series(
-                    series
-                        .iter()
-                        .map(|r| Circle::new((r.write_mbs, r.ratio), 5, colour.filled())),
-                )?
-                .label(fs)
-                .legend(move |(x, y)| Circle::new((x, y), 5, colour.filled()));
-            for r in series {
-                chart.draw_series(std::iter::once(Text::new(
-                    r.method.clone(),
-                    (r.write_mbs, r.ratio),
-                    ("sans-serif", 12).into_font(),
-                )))?;
-            }
-        }
-        chart.configure_series_labels().border_style(BLACK).draw()?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))
-}
-
-pub fn run_bench(a: Args) -> Result<std::process::ExitCode> {
+/// Runs `compfs bench fs`.
+pub fn run(a: Args) -> Result<()> {
     if a.vs_btrfs && !is_root() {
         bail!("--vs-btrfs needs root (loop device, mkfs.btrfs, mount)");
     }
@@ -779,16 +673,16 @@ pub fn run_bench(a: Args) -> Result<std::process::ExitCode> {
         .workdir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/var/tmp"));
-    let work = base.join(format!("compfs-bench-fs.{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let result = bench(&a, &work);
-    let _ = std::fs::remove_dir_all(&work);
-    result
+    let work = tempfile::Builder::new()
+        .prefix("compfs-bench-fs.")
+        .tempdir_in(&base)
+        .with_context(|| format!("cannot create a work directory in {}", base.display()))?;
+    bench(&a, work.path())
 }
 
-fn bench(a: &Args, work: &Path) -> Result<std::process::ExitCode> {
-    let corpus = prepare_corpus(&a.corpus, work)?;
-    let corpus_bytes = tree_bytes(&corpus)?;
+fn bench(a: &Args, work: &Path) -> Result<()> {
+    let corpus = corpus::unpack(&a.corpus, work)?;
+    let corpus_bytes = corpus::tree_bytes(&corpus)?;
     if corpus_bytes == 0 {
         bail!("corpus {} holds no data", a.corpus.display());
     }
@@ -839,7 +733,7 @@ fn bench(a: &Args, work: &Path) -> Result<std::process::ExitCode> {
         .map(str::trim)
         .filter(|m| !m.is_empty())
     {
-        CodecSpec::parse(method).map_err(|e| anyhow!("--methods: {e}"))?;
+        CodecSpec::parse(method).map_err(|e| failed!("--methods: {e}"))?;
         let copies = if is_slow(method) {
             a.copies_slow
         } else {
@@ -885,14 +779,19 @@ fn bench(a: &Args, work: &Path) -> Result<std::process::ExitCode> {
             Some(t) => t.clone(),
             None => {
                 let t = work.join("src.tar");
-                sh(&format!("tar cf '{}' -C /usr include", t.display()), work)
-                    .context("building the untar workload from /usr/include")?;
+                run_tool(
+                    Command::new("tar")
+                        .arg("cf")
+                        .arg(&t)
+                        .args(["-C", "/usr", "include"]),
+                )
+                .context("building the untar workload from /usr/include")?;
                 t
             }
         };
         let tar_bytes = std::fs::metadata(&tarball)?.len();
         let mut runs: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
-        let mut failed: [Option<anyhow::Error>; 2] = [None, None];
+        let mut failed: [Option<crate::Error>; 2] = [None, None];
         for _ in 0..a.untar_runs.max(1) {
             for (i, fs) in ["compfs", "btrfs"].into_iter().enumerate() {
                 if (fs == "btrfs" && !ctx.vs_btrfs) || failed[i].is_some() {
@@ -940,7 +839,7 @@ fn bench(a: &Args, work: &Path) -> Result<std::process::ExitCode> {
             .with_context(|| format!("writing {}", j.display()))?;
     }
     if let Some(p) = &a.plot {
-        plot(&report.rows, p)?;
+        crate::plot::fs(&report.rows, p)?;
     }
-    Ok(std::process::ExitCode::SUCCESS)
+    Ok(())
 }

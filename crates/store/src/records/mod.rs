@@ -83,6 +83,53 @@ pub struct Superblock {
     pub created: i64,
 }
 
+/// Why a segment header, extent header or metadata record could not be decoded. The messages
+/// are those fsck prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// A fixed-size record of the wrong length (or an unknown record version).
+    #[error("{what} record of {len} bytes is malformed")]
+    Malformed { what: &'static str, len: usize },
+    /// A header shorter than its fixed length.
+    #[error("{what} truncated to {len} bytes")]
+    Truncated { what: &'static str, len: usize },
+    #[error("bad {what} magic")]
+    BadMagic { what: &'static str },
+    #[error("{what} checksum mismatch")]
+    BadChecksum { what: &'static str },
+    #[error("unknown codec id {0}")]
+    UnknownCodec(u8),
+    #[error("bad inline codec {0}")]
+    BadInlineCodec(u8),
+    #[error("bad {what} kind {code}")]
+    BadKind { what: &'static str, code: u8 },
+    /// Lengths no extent or inline data can have (see [`MAX_STORED`]).
+    #[error("implausible {what} lengths raw {raw} stored {stored}")]
+    ImplausibleLengths {
+        what: &'static str,
+        raw: usize,
+        stored: usize,
+    },
+    /// Reserved bytes that are not zero (every version-1 writer leaves them zero).
+    #[error("{what}: reserved bytes {start}..{end} are not zero")]
+    Reserved {
+        what: &'static str,
+        start: usize,
+        end: usize,
+    },
+    /// An extent-map entry of length 0.
+    #[error("empty extent map entry")]
+    EmptyMapEntry,
+    /// An extent-map entry that reaches past the end of its extent (`raw_len`: the extent's
+    /// length, or the largest an extent can have when the extent is not known).
+    #[error("extent map entry of {len} bytes at extent offset {ext_offset} reaches past the extent's {raw_len} bytes")]
+    MapPastExtent {
+        ext_offset: u32,
+        len: u32,
+        raw_len: u64,
+    },
+}
+
 /// Why a superblock could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SbError {
@@ -138,6 +185,7 @@ impl Superblock {
         if version == 0 || u32_at(b, 12) != SB_LEN as u32 {
             return Err(SbError::BadField("version or header length".into()));
         }
+        check_reserved("superblock", b, 39..40).map_err(|e| SbError::BadField(e.to_string()))?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         let extent_size = u32_at(b, 32);
@@ -188,16 +236,23 @@ impl SegmentHeader {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<SegmentHeader, String> {
+    pub fn decode(b: &[u8]) -> Result<SegmentHeader, DecodeError> {
         if b.len() < SEG_HEADER_LEN as usize {
-            return Err(format!("segment header truncated to {} bytes", b.len()));
+            return Err(DecodeError::Truncated {
+                what: "segment header",
+                len: b.len(),
+            });
         }
         if b[0..8] != SEG_MAGIC {
-            return Err("bad segment magic".into());
+            return Err(DecodeError::BadMagic { what: "segment" });
         }
         if crc32c::crc32c(&b[0..40]) != u32_at(b, 40) {
-            return Err("segment header checksum mismatch".into());
+            return Err(DecodeError::BadChecksum {
+                what: "segment header",
+            });
         }
+        check_reserved("segment header", b, 12..16)?;
+        check_reserved("segment header", b, 44..64)?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[16..32]);
         Ok(SegmentHeader {
@@ -241,16 +296,22 @@ impl ExtentHeader {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<ExtentHeader, String> {
+    pub fn decode(b: &[u8]) -> Result<ExtentHeader, DecodeError> {
         if b.len() < EXT_HEADER_LEN {
-            return Err(format!("extent header truncated to {} bytes", b.len()));
+            return Err(DecodeError::Truncated {
+                what: "extent header",
+                len: b.len(),
+            });
         }
         if u32_at(b, 0) != EXT_MAGIC {
-            return Err("bad extent magic".into());
+            return Err(DecodeError::BadMagic { what: "extent" });
         }
         if crc32c::crc32c(&b[0..44]) != u32_at(b, 44) {
-            return Err("extent header checksum mismatch".into());
+            return Err(DecodeError::BadChecksum {
+                what: "extent header",
+            });
         }
+        check_reserved("extent header", b, 6..8)?;
         let h = ExtentHeader {
             codec: b[4],
             level: b[5] as i8,
@@ -262,7 +323,7 @@ impl ExtentHeader {
             crc: u32_at(b, 40),
         };
         if Algorithm::from_id(h.codec).is_none() {
-            return Err(format!("unknown codec id {}", h.codec));
+            return Err(DecodeError::UnknownCodec(h.codec));
         }
         check_lengths("extent", h.raw_len as usize, h.stored_len as usize)?;
         Ok(h)
@@ -276,18 +337,33 @@ pub const MAX_STORED: usize = compfs_codec::MAX_EXTENT + 4096;
 /// Rejects uncompressed and stored lengths no extent or inline data can have: readers size
 /// buffers from them (extent records before the extent header is read), so a damaged value
 /// must not make one allocate gigabytes.
-fn check_lengths(what: &str, raw: usize, stored: usize) -> Result<(), String> {
+fn check_lengths(what: &'static str, raw: usize, stored: usize) -> Result<(), DecodeError> {
     if raw > compfs_codec::MAX_EXTENT || stored > MAX_STORED {
-        return Err(format!(
-            "implausible {what} lengths raw {raw} stored {stored}"
-        ));
+        return Err(DecodeError::ImplausibleLengths { what, raw, stored });
     }
     Ok(())
 }
 
+/// Rejects non-zero reserved bytes: every version-1 writer leaves them zero, so anything else
+/// is damage (or a newer format this version must not guess at).
+fn check_reserved(
+    what: &'static str,
+    b: &[u8],
+    range: std::ops::Range<usize>,
+) -> Result<(), DecodeError> {
+    match b.get(range.clone()) {
+        Some(r) if r.iter().all(|&x| x == 0) => Ok(()),
+        _ => Err(DecodeError::Reserved {
+            what,
+            start: range.start,
+            end: range.end,
+        }),
+    }
+}
+
 /// Bad metadata value.
-fn short(what: &str, len: usize) -> String {
-    format!("{what} record of {len} bytes is malformed")
+fn short(what: &'static str, len: usize) -> DecodeError {
+    DecodeError::Malformed { what, len }
 }
 
 /// Inline data kept in an inode record.
@@ -373,11 +449,16 @@ impl InodeRec {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<InodeRec, String> {
+    pub fn decode(b: &[u8]) -> Result<InodeRec, DecodeError> {
         if b.len() < INODE_FIXED || b[0] != 1 {
             return Err(short("inode", b.len()));
         }
-        let kind = FileKind::from_code(b[1]).ok_or_else(|| format!("bad inode kind {}", b[1]))?;
+        let kind = FileKind::from_code(b[1]).ok_or(DecodeError::BadKind {
+            what: "inode",
+            code: b[1],
+        })?;
+        check_reserved("inode", b, 20..24)?;
+        check_reserved("inode", b, 106..108)?;
         let inline = if b[104] == 0xff {
             if b.len() != INODE_FIXED {
                 return Err(short("inode", b.len()));
@@ -385,7 +466,7 @@ impl InodeRec {
             None
         } else {
             if Algorithm::from_id(b[104]).is_none() {
-                return Err(format!("bad inline codec {}", b[104]));
+                return Err(DecodeError::BadInlineCodec(b[104]));
             }
             check_lengths("inline", u32_at(b, 108) as usize, b.len() - INODE_FIXED)?;
             Some(Inline {
@@ -431,13 +512,16 @@ impl DirentRec {
         b[9..17].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<DirentRec, String> {
+    pub fn decode(b: &[u8]) -> Result<DirentRec, DecodeError> {
         if b.len() != 17 {
             return Err(short("dirent", b.len()));
         }
         Ok(DirentRec {
             ino: u64_at(b, 0),
-            kind: FileKind::from_code(b[8]).ok_or_else(|| format!("bad dirent kind {}", b[8]))?,
+            kind: FileKind::from_code(b[8]).ok_or(DecodeError::BadKind {
+                what: "dirent",
+                code: b[8],
+            })?,
             seq: u64_at(b, 9),
         })
     }
@@ -460,15 +544,34 @@ impl MapRec {
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<MapRec, String> {
+    /// Decodes an entry; one of length 0, or reaching past the largest extent there can be,
+    /// is an error (readers compute `offset + len - 1` and `ext_offset + len` from it).
+    pub fn decode(b: &[u8]) -> Result<MapRec, DecodeError> {
         if b.len() != 16 {
             return Err(short("extent map", b.len()));
         }
-        Ok(MapRec {
+        let m = MapRec {
             extent: u64_at(b, 0),
             ext_offset: u32_at(b, 8),
             len: u32_at(b, 12),
-        })
+        };
+        m.check_within(compfs_codec::MAX_EXTENT as u64)?;
+        Ok(m)
+    }
+
+    /// Checks that the entry is not empty and lies within an extent of `raw_len` bytes.
+    pub fn check_within(&self, raw_len: u64) -> Result<(), DecodeError> {
+        if self.len == 0 {
+            return Err(DecodeError::EmptyMapEntry);
+        }
+        if self.ext_offset as u64 + self.len as u64 > raw_len {
+            return Err(DecodeError::MapPastExtent {
+                ext_offset: self.ext_offset,
+                len: self.len,
+                raw_len,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -507,10 +610,11 @@ impl ExtentRec {
         b[36..44].copy_from_slice(&self.ino.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<ExtentRec, String> {
+    pub fn decode(b: &[u8]) -> Result<ExtentRec, DecodeError> {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
         }
+        check_reserved("extent", b, 26..28)?;
         check_lengths("extent", u32_at(b, 20) as usize, u32_at(b, 16) as usize)?;
         Ok(ExtentRec {
             segment: u64_at(b, 0),
@@ -542,7 +646,7 @@ impl SegmentRec {
         b[8..16].copy_from_slice(&self.live.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<SegmentRec, String> {
+    pub fn decode(b: &[u8]) -> Result<SegmentRec, DecodeError> {
         if b.len() != 16 {
             return Err(short("segment", b.len()));
         }
@@ -571,7 +675,7 @@ impl StatRec {
         b[24..32].copy_from_slice(&self.referenced.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8]) -> Result<StatRec, String> {
+    pub fn decode(b: &[u8]) -> Result<StatRec, DecodeError> {
         if b.len() != 32 {
             return Err(short("stats", b.len()));
         }
@@ -588,281 +692,4 @@ impl StatRec {
 pub const STAT_INLINE: u8 = 0xff;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn superblock_round_trip_and_damage() {
-        let sb = Superblock {
-            version: 1,
-            uuid: [7; 16],
-            extent_size: 131072,
-            codec: CodecSpec::parse("zstd:5").unwrap().spec,
-            mode: Mode::Force,
-            inline_max: 2048,
-            segment_size: 64 << 20,
-            created: 12345,
-        };
-        let b = sb.encode();
-        assert_eq!(Superblock::decode(&b).unwrap(), sb);
-        assert_eq!(Superblock::decode(&b[..30]), Err(SbError::Truncated(30)));
-        assert_eq!(Superblock::decode(&[]), Err(SbError::Truncated(0)));
-        assert_eq!(
-            Superblock::decode(b"hello world, this is text"),
-            Err(SbError::BadMagic)
-        );
-        for i in 0..SB_LEN {
-            let mut c = b;
-            c[i] ^= 0x10;
-            assert!(Superblock::decode(&c).is_err(), "flip at {i} accepted");
-        }
-        let mut fut = sb;
-        fut.version = 2;
-        assert_eq!(
-            Superblock::decode(&fut.encode()),
-            Err(SbError::FutureVersion(2))
-        );
-    }
-
-    #[test]
-    fn extent_header_round_trip_and_damage() {
-        let h = ExtentHeader {
-            codec: 3,
-            level: -5,
-            raw_len: 131072,
-            stored_len: 4000,
-            id: 99,
-            ino: 5,
-            file_offset: 1 << 40,
-            crc: 0xdeadbeef,
-        };
-        let b = h.encode();
-        assert_eq!(ExtentHeader::decode(&b).unwrap(), h);
-        for i in 0..EXT_HEADER_LEN {
-            let mut c = b;
-            c[i] ^= 1;
-            assert!(ExtentHeader::decode(&c).is_err());
-        }
-        assert!(ExtentHeader::decode(&b[..47]).is_err());
-        let mut bad = h;
-        bad.codec = 9;
-        assert!(ExtentHeader::decode(&bad.encode()).is_err());
-    }
-
-    #[test]
-    fn records_round_trip_and_reject_garbage() {
-        let t = Timestamp {
-            secs: -3,
-            nsecs: 999_999_999,
-        };
-        for inline in [
-            None,
-            Some(Inline {
-                codec: 0,
-                level: 0,
-                raw_len: 3,
-                bytes: b"abc".to_vec(),
-            }),
-        ] {
-            let r = InodeRec {
-                kind: FileKind::Symlink,
-                perm: 0o7777,
-                nlink: 3,
-                uid: 1,
-                gid: 2,
-                rdev: 77,
-                size: u64::MAX,
-                atime: t,
-                mtime: Timestamp { secs: 5, nsecs: 6 },
-                ctime: t,
-                crtime: t,
-                parent: 9,
-                next_seq: 10,
-                disk_bytes: 11,
-                inline,
-            };
-            assert_eq!(InodeRec::decode(&r.encode()).unwrap(), r);
-        }
-        assert!(InodeRec::decode(&[1, 2, 3]).is_err());
-        assert!(InodeRec::decode(&[0u8; 200]).is_err());
-        let e = ExtentRec {
-            segment: 1,
-            seg_offset: 64,
-            stored_len: 5,
-            raw_len: 9,
-            codec: 3,
-            level: 3,
-            crc: 4,
-            refs: 2,
-            ino: 8,
-        };
-        assert_eq!(ExtentRec::decode(&e.encode()).unwrap(), e);
-        assert!(ExtentRec::decode(&[0; 43]).is_err());
-        let m = MapRec {
-            extent: 3,
-            ext_offset: 4,
-            len: 5,
-        };
-        assert_eq!(MapRec::decode(&m.encode()).unwrap(), m);
-        assert!(MapRec::decode(&[0; 3]).is_err());
-        let d = DirentRec {
-            ino: 3,
-            kind: FileKind::Dir,
-            seq: 4,
-        };
-        assert_eq!(DirentRec::decode(&d.encode()).unwrap(), d);
-        assert!(DirentRec::decode(&[0; 17]).is_err());
-        let s = SegmentHeader {
-            version: 1,
-            uuid: [1; 16],
-            id: 42,
-        };
-        assert_eq!(SegmentHeader::decode(&s.encode()).unwrap(), s);
-        let mut sb = s.encode();
-        sb[33] ^= 1;
-        assert!(SegmentHeader::decode(&sb).is_err());
-        assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
-        assert_eq!(parse_segment_file_name("junk.seg"), None);
-    }
-
-    mod props {
-        use super::super::*;
-        use compfs_codec::MAX_EXTENT;
-        use proptest::prelude::*;
-
-        /// Every decoder, on any bytes: a value or an error, never a panic, and never lengths
-        /// a reader would allocate unboundedly from.
-        fn decode_all(b: &[u8]) {
-            let bounded = |raw: u32, stored: usize| {
-                assert!(
-                    raw as usize <= MAX_EXTENT && stored <= MAX_STORED,
-                    "{raw} {stored}"
-                );
-            };
-            let _ = Superblock::decode(b);
-            let _ = SegmentHeader::decode(b);
-            if let Ok(h) = ExtentHeader::decode(b) {
-                bounded(h.raw_len, h.stored_len as usize);
-            }
-            if let Ok(InodeRec {
-                inline: Some(i), ..
-            }) = InodeRec::decode(b)
-            {
-                bounded(i.raw_len, i.bytes.len());
-            }
-            let _ = DirentRec::decode(b);
-            let _ = MapRec::decode(b);
-            if let Ok(x) = ExtentRec::decode(b) {
-                bounded(x.raw_len, x.stored_len as usize);
-            }
-            let _ = SegmentRec::decode(b);
-            let _ = StatRec::decode(b);
-            if let Ok(s) = std::str::from_utf8(b) {
-                let _ = parse_segment_file_name(s);
-            }
-        }
-
-        fn ts() -> impl Strategy<Value = Timestamp> {
-            (any::<i64>(), 0u32..1_000_000_000).prop_map(|(secs, nsecs)| Timestamp { secs, nsecs })
-        }
-
-        fn inode() -> impl Strategy<Value = InodeRec> {
-            let inline = proptest::option::of(
-                (
-                    0u8..4,
-                    any::<i8>(),
-                    0u32..=MAX_EXTENT as u32,
-                    proptest::collection::vec(any::<u8>(), 0..64),
-                )
-                    .prop_map(|(codec, level, raw_len, bytes)| Inline {
-                        codec,
-                        level,
-                        raw_len,
-                        bytes,
-                    }),
-            );
-            (
-                (
-                    1u8..=7,
-                    any::<u16>(),
-                    any::<u32>(),
-                    any::<u32>(),
-                    any::<u32>(),
-                    any::<u32>(),
-                ),
-                (any::<u64>(), ts(), ts(), ts(), ts()),
-                (any::<u64>(), any::<u64>(), any::<u64>(), inline),
-            )
-                .prop_filter_map(
-                    "kind code",
-                    |(
-                        (k, perm, nlink, uid, gid, rdev),
-                        (size, atime, mtime, ctime, crtime),
-                        (parent, next_seq, disk_bytes, inline),
-                    )| {
-                        Some(InodeRec {
-                            kind: FileKind::from_code(k)?,
-                            perm,
-                            nlink,
-                            uid,
-                            gid,
-                            rdev,
-                            size,
-                            atime,
-                            mtime,
-                            ctime,
-                            crtime,
-                            parent,
-                            next_seq,
-                            disk_bytes,
-                            inline,
-                        })
-                    },
-                )
-        }
-
-        proptest! {
-            #[test]
-            fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
-                decode_all(&b);
-            }
-
-            #[test]
-            fn damaged_records_never_panic(r in inode(), at in any::<prop::sample::Index>(), bit in 0u8..8, cut in any::<prop::sample::Index>()) {
-                let b = r.encode();
-                prop_assert_eq!(InodeRec::decode(&b).unwrap(), r);
-                let mut c = b.clone();
-                let i = at.index(c.len());
-                c[i] ^= 1 << bit;
-                decode_all(&c);
-                decode_all(&b[..cut.index(b.len())]);
-            }
-
-            #[test]
-            fn extent_records_round_trip_within_bounds(
-                segment in any::<u64>(), seg_offset in any::<u64>(), stored_len in 0u32..=MAX_STORED as u32,
-                raw_len in 0u32..=MAX_EXTENT as u32, codec in any::<u8>(), level in any::<i8>(), crc in any::<u32>(),
-                refs in any::<u32>(), ino in any::<u64>(),
-            ) {
-                let x = ExtentRec { segment, seg_offset, stored_len, raw_len, codec, level, crc, refs, ino };
-                prop_assert_eq!(ExtentRec::decode(&x.encode()).unwrap(), x);
-                let mut big = x.encode();
-                big[20..24].copy_from_slice(&(MAX_EXTENT as u32 + 1).to_le_bytes());
-                prop_assert!(ExtentRec::decode(&big).is_err());
-            }
-
-            #[test]
-            fn extent_headers_detect_every_bit_flip(
-                raw_len in 0u32..=MAX_EXTENT as u32, stored_len in 0u32..=MAX_EXTENT as u32, id in any::<u64>(),
-                ino in any::<u64>(), file_offset in any::<u64>(), crc in any::<u32>(),
-                at in 0..EXT_HEADER_LEN, bit in 0u8..8,
-            ) {
-                let h = ExtentHeader { codec: 1, level: 3, raw_len, stored_len, id, ino, file_offset, crc };
-                let mut b = h.encode();
-                prop_assert_eq!(ExtentHeader::decode(&b).unwrap(), h);
-                b[at] ^= 1 << bit;
-                prop_assert!(ExtentHeader::decode(&b).is_err());
-            }
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,28 @@
+//! compfs's benchmark harness, the library behind `compfs bench …`.
+//!
+//! One module per benchmark, each with its command-line [`clap::Args`] and a `run` that prints
+//! a table a person can read and, on request, writes a JSON file and an SVG plot beside it:
+//!
+//! * [`codecs`]: every codec and level on files cut into extent-sized blocks (ratio, speed,
+//!   context memory), optionally beside the `zstd -b` / `lz4 -b` figures;
+//! * [`fs`]: the mounted filesystem against kernel btrfs (copy, read, untar, fio);
+//! * [`store`]: the store API without FUSE (write scaling, read-back, GC, random overwrites);
+//! * [`blk`]: `compfs blk` against kernel zram and nbdkit's memory plugin;
+//! * [`heuristic`]: the "compress this extent?" heuristic against real outcomes.
+//!
+//! Shared parts: [`corpus`] (the one corpus unpacker and file readers), [`fio`] (the one fio
+//! runner) and [`plot`] (every SVG). Temporary directories come from `tempfile` and are removed
+//! when a run ends, also on error. `fs` and `blk` start daemons by running the current
+//! executable (`compfs mount`, `compfs blk serve`), so they must be called from `compfs`.
+
+pub mod blk;
+pub mod codecs;
+pub mod corpus;
+mod error;
+pub mod fio;
+pub mod fs;
+pub mod heuristic;
+pub mod plot;
+pub mod store;
+
+pub use error::{Context, Error, Result};

@@ -1,0 +1,229 @@
+//! The one plotting module: every benchmark's SVG, drawn from the rows its JSON file holds.
+
+use std::path::Path;
+
+use compfs_codec::human;
+use plotters::prelude::*;
+
+use crate::error::{bail, failed, Result};
+
+/// Indices of the rows on the Pareto frontier: no other row is at least as fast and at least as
+/// good in ratio, and strictly better in one.
+pub fn pareto(points: &[(f64, f64)]) -> Vec<usize> {
+    (0..points.len())
+        .filter(|&i| {
+            let (s, r) = points[i];
+            !points
+                .iter()
+                .any(|&(s2, r2)| s2 >= s && r2 >= r && (s2 > s || r2 > r))
+        })
+        .collect()
+}
+
+/// `bench codecs --plot`: ratio against compress speed, the Pareto frontier marked.
+pub fn codecs(report: &crate::codecs::Report, path: &Path) -> Result<()> {
+    let pts: Vec<(f64, f64)> = report
+        .rows
+        .iter()
+        .map(|r| (r.compress_mbs, r.ratio))
+        .collect();
+    let mut front = pareto(&pts);
+    front.sort_by(|&a, &b| pts[a].0.total_cmp(&pts[b].0));
+    let (smin, smax) = pts.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+        (lo.min(p.0), hi.max(p.0))
+    });
+    let (rmin, rmax) = pts.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+        (lo.min(p.1), hi.max(p.1))
+    });
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (1000, 700)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "compfs codecs: {} in {} blocks, {} thread(s)",
+                    human(report.input_bytes),
+                    human(report.block),
+                    report.threads
+                ),
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(
+                ((smin * 0.8).max(0.01)..smax * 1.25).log_scale(),
+                (rmin * 0.95)..(rmax * 1.05),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("compress MB/s (log scale)")
+            .y_desc("ratio")
+            .draw()?;
+        let colour = |alg: &str| match alg {
+            "zstd" => BLUE,
+            "zlib" => GREEN,
+            "lz4" => RED,
+            "lzo" => MAGENTA,
+            _ => BLACK,
+        };
+        chart.draw_series(LineSeries::new(
+            front.iter().map(|&i| pts[i]),
+            ShapeStyle::from(&BLACK.mix(0.5)).stroke_width(2),
+        ))?;
+        for (i, r) in report.rows.iter().enumerate() {
+            let c = colour(&r.algorithm);
+            let on_front = front.contains(&i);
+            let p = pts[i];
+            chart.draw_series(std::iter::once(Circle::new(
+                p,
+                if on_front { 6 } else { 4 },
+                if on_front {
+                    c.filled()
+                } else {
+                    c.stroke_width(1)
+                },
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                r.codec.clone(),
+                p,
+                ("sans-serif", 11).into_font(),
+            )))?;
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            "filled, joined: Pareto frontier (no codec is both faster and smaller)".to_string(),
+            (smin.max(0.01), rmax * 1.03),
+            ("sans-serif", 13).into_font(),
+        )))?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| failed!("cannot draw {}: {e}", path.display()))
+}
+
+/// `bench fs --plot`: ratio against write MB/s of the copy workload, compfs and btrfs.
+pub fn fs(rows: &[crate::fs::Row], path: &Path) -> Result<()> {
+    let pts: Vec<&crate::fs::Row> = rows
+        .iter()
+        .filter(|r| r.workload == "copy" && r.write_mbs > 0.0 && r.ratio > 0.0)
+        .collect();
+    if pts.is_empty() {
+        bail!("nothing to plot");
+    }
+    let xmax = pts.iter().map(|r| r.write_mbs).fold(0.0, f64::max) * 1.15;
+    let ymax = pts.iter().map(|r| r.ratio).fold(0.0, f64::max) * 1.1;
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (1000, 700)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "compfs vs kernel btrfs: ratio against write MB/s (copy + sync)",
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..xmax, 0.8..ymax)?;
+        chart
+            .configure_mesh()
+            .x_desc("write MB/s")
+            .y_desc("ratio")
+            .draw()?;
+        for (fs, colour) in [("compfs", BLUE), ("btrfs", RED)] {
+            let series: Vec<&&crate::fs::Row> = pts.iter().filter(|r| r.fs == fs).collect();
+            chart
+                .draw_series(
+                    series
+                        .iter()
+                        .map(|r| Circle::new((r.write_mbs, r.ratio), 5, colour.filled())),
+                )?
+                .label(fs)
+                .legend(move |(x, y)| Circle::new((x, y), 5, colour.filled()));
+            for r in series {
+                chart.draw_series(std::iter::once(Text::new(
+                    r.method.clone(),
+                    (r.write_mbs, r.ratio),
+                    ("sans-serif", 12).into_font(),
+                )))?;
+            }
+        }
+        chart.configure_series_labels().border_style(BLACK).draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| failed!("cannot draw {}: {e}", path.display()))
+}
+
+/// `bench blk --svg`: orig/compr and orig/mem_used per device and codec.
+pub fn blk(rep: &crate::blk::Report, path: &Path) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed!("{e}"))?;
+    let n = rep.ratios.len().max(1);
+    let ymax = rep
+        .ratios
+        .iter()
+        .map(|r| r.orig_per_compr.max(r.orig_per_mem))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "compfs blk vs kernel zram: orig/compr (circles) and orig/mem_used (crosses)",
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(60)
+        .y_label_area_size(50)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)
+        .map_err(|e| failed!("{e}"))?;
+    let labels: Vec<String> = rep
+        .ratios
+        .iter()
+        .map(|r| format!("{} {}", r.device.replace("kernel ", ""), r.codec))
+        .collect();
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round() as usize;
+            labels.get(i).cloned().unwrap_or_default()
+        })
+        .y_desc("ratio")
+        .draw()
+        .map_err(|e| failed!("{e}"))?;
+    chart
+        .draw_series(
+            rep.ratios
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Circle::new((i as f64, r.orig_per_compr), 5, BLUE.filled())),
+        )
+        .map_err(|e| failed!("{e}"))?;
+    chart
+        .draw_series(
+            rep.ratios
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Cross::new((i as f64, r.orig_per_mem), 6, RED.stroke_width(2))),
+        )
+        .map_err(|e| failed!("{e}"))?;
+    root.present().map_err(|e| failed!("{e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pareto_frontier() {
+        let pts = [
+            (100.0, 3.0),
+            (500.0, 2.0),
+            (90.0, 2.9),
+            (500.0, 1.9),
+            (50.0, 3.5),
+        ];
+        assert_eq!(pareto(&pts), vec![0, 1, 4]);
+        assert_eq!(pareto(&[]), Vec::<usize>::new());
+    }
+}

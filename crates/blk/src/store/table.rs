@@ -1,0 +1,126 @@
+//! The page table: one 10-byte entry per page, in chunks allocated on first store.
+
+use crate::pool::ObjRef;
+
+pub(super) const FLAG_IDLE: u8 = 1;
+
+/// Recompression found nothing smaller: skip the page next time (zram's ZRAM_INCOMPRESSIBLE).
+pub(super) const FLAG_NO_RECOMP: u8 = 2;
+
+/// Codec index of a raw (huge) page.
+pub(super) const RAW: u8 = u8::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entry {
+    Empty,
+    Same {
+        /// The repeated word as stored (native byte order); bytes rather than a u64 so the
+        /// entry needs no 8-byte alignment.
+        word: [u8; 8],
+        flags: u8,
+    },
+    Obj {
+        obj: ObjRef,
+        len: u16,
+        /// Index into the store's codec list (0 primary, 1..=3 recompression), or RAW.
+        codec: u8,
+        flags: u8,
+    },
+    Backed {
+        /// Slot in the backing file, native byte order (bytes: no 4-byte alignment).
+        slot: [u8; 4],
+        flags: u8,
+    },
+}
+
+impl Entry {
+    pub(super) fn flags_mut(&mut self) -> Option<&mut u8> {
+        match self {
+            Entry::Empty => None,
+            Entry::Same { flags, .. } | Entry::Obj { flags, .. } | Entry::Backed { flags, .. } => {
+                Some(flags)
+            }
+        }
+    }
+}
+
+/// Entries per table chunk (512 × 10 bytes, see the size assertion below), allocated on the
+/// first write into it.
+pub(super) const CHUNK_ENTRIES: usize = 512;
+
+pub(super) static EMPTY: Entry = Entry::Empty;
+
+// One entry per stored page: keep it at 10 bytes (16 with an aligned u64 or ObjRef inside).
+const _: () = assert!(std::mem::size_of::<Entry>() == 10);
+
+/// One shard's page table. Chunks are allocated when a page in them is first stored, so a large
+/// device that is mostly unwritten costs a pointer per 512 pages (zram allocates its whole
+/// table at `disksize`).
+#[derive(Debug)]
+pub(super) struct Table {
+    chunks: Vec<Option<Box<[Entry]>>>,
+    len: usize,
+    allocated: usize,
+}
+
+impl Table {
+    pub(super) fn new(len: usize) -> Table {
+        Table {
+            chunks: (0..len.div_ceil(CHUNK_ENTRIES)).map(|_| None).collect(),
+            len,
+            allocated: 0,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The entry, without allocating (None for a page in an unallocated chunk: it is Empty).
+    pub(super) fn get_mut(&mut self, idx: usize) -> Option<&mut Entry> {
+        self.chunks
+            .get_mut(idx / CHUNK_ENTRIES)?
+            .as_mut()
+            .map(|c| &mut c[idx % CHUNK_ENTRIES])
+    }
+
+    /// Every entry of the allocated chunks, with its index.
+    pub(super) fn entries_mut(&mut self) -> impl Iterator<Item = (usize, &mut Entry)> {
+        self.chunks
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(ci, c)| c.as_mut().map(|c| (ci, c)))
+            .flat_map(|(ci, c)| {
+                c.iter_mut()
+                    .enumerate()
+                    .map(move |(i, e)| (ci * CHUNK_ENTRIES + i, e))
+            })
+    }
+
+    pub(super) fn bytes(&self) -> u64 {
+        (self.allocated * CHUNK_ENTRIES * std::mem::size_of::<Entry>()
+            + self.chunks.capacity() * std::mem::size_of::<Option<Box<[Entry]>>>()) as u64
+    }
+}
+
+impl std::ops::Index<usize> for Table {
+    type Output = Entry;
+    fn index(&self, idx: usize) -> &Entry {
+        match self.chunks.get(idx / CHUNK_ENTRIES) {
+            Some(Some(c)) => &c[idx % CHUNK_ENTRIES],
+            _ => &EMPTY,
+        }
+    }
+}
+
+impl std::ops::IndexMut<usize> for Table {
+    /// Allocates the chunk if needed: only used to store an entry.
+    fn index_mut(&mut self, idx: usize) -> &mut Entry {
+        let slot = &mut self.chunks[idx / CHUNK_ENTRIES];
+        if slot.is_none() {
+            self.allocated += 1;
+        }
+        let c = slot.get_or_insert_with(|| vec![Entry::Empty; CHUNK_ENTRIES].into_boxed_slice());
+        &mut c[idx % CHUNK_ENTRIES]
+    }
+}

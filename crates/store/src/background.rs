@@ -1,0 +1,141 @@
+//! The store's background threads: the periodic flusher (flush, durable commit, automatic GC),
+//! the writeback thread of closed files and the segment syncer.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::store::{lock, Inner};
+use crate::types::*;
+
+/// The segment syncer: `fdatasync`s segments in the background while they are written (see
+/// `Inner::mark_unsynced`).
+pub(crate) fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>) {
+    while rx.recv().is_ok() {
+        let Some(inner) = weak.upgrade() else { return };
+        inner.sync_segments_background();
+    }
+}
+
+/// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
+/// closing thread (a FUSE request) does not compress and commit.
+fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
+    while let Ok(first) = rx.recv() {
+        let Some(inner) = weak.upgrade() else { return };
+        // Everything queued so far goes in one batch (one transaction).
+        let mut batch = vec![first];
+        while batch.len() < 256 {
+            match rx.try_recv() {
+                Ok(ino) => batch.push(ino),
+                Err(_) => break,
+            }
+        }
+        inner.writeback_batch(&batch);
+    }
+}
+
+fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Duration) {
+    loop {
+        match rx.recv_timeout(iv) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.ro_flag.load(Ordering::SeqCst) {
+            continue;
+        }
+        if let Err(e) = inner.flush_all(true) {
+            tracing::error!("compfs background flush failed: {e}");
+            continue;
+        }
+        inner.trim_bufs();
+        let due = lock(&inner.last_durable).elapsed() >= Duration::from_secs(5);
+        if due {
+            if let Err(e) = inner.commit_durable() {
+                tracing::error!("compfs background commit failed: {e}");
+                continue;
+            }
+        }
+        if inner.gc_due() {
+            if let Err(e) = inner.gc(inner.tuning.gc_garbage_ratio.max(0.5)) {
+                tracing::warn!("compfs automatic GC failed: {e}");
+            }
+        }
+    }
+}
+
+/// The background threads of a store opened for writing, stopped by [`Threads::stop`] before
+/// the final flush. A read-only store has none.
+pub(crate) struct Threads {
+    flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
+    writeback: Option<JoinHandle<()>>,
+    segsync: Option<JoinHandle<()>>,
+}
+
+impl Threads {
+    /// Starts the flusher (every `flush_interval`, if any), the writeback thread and the
+    /// segment syncer; each holds a weak reference to the store and its queue's sender lives
+    /// in [`Inner`] (the flusher's here).
+    pub(crate) fn start(
+        inner: &Arc<Inner>,
+        flush_interval: Option<Duration>,
+        read_only: bool,
+    ) -> Result<Threads> {
+        let flusher = match (flush_interval, read_only) {
+            (Some(iv), false) => {
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let weak: Weak<Inner> = Arc::downgrade(inner);
+                let h = std::thread::Builder::new()
+                    .name("compfs-flush".into())
+                    .spawn(move || flusher_loop(weak, rx, iv))?;
+                Some((tx, h))
+            }
+            _ => None,
+        };
+        let writeback = if read_only {
+            None
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel::<Ino>();
+            let weak: Weak<Inner> = Arc::downgrade(inner);
+            let h = std::thread::Builder::new()
+                .name("compfs-writeback".into())
+                .spawn(move || writeback_loop(weak, rx))?;
+            *lock(&inner.writeback) = Some(tx);
+            Some(h)
+        };
+        let segsync = if read_only {
+            None
+        } else {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+            let weak: Weak<Inner> = Arc::downgrade(inner);
+            let h = std::thread::Builder::new()
+                .name("compfs-segsync".into())
+                .spawn(move || segsync_loop(weak, rx))?;
+            *lock(&inner.segsync) = Some(tx);
+            Some(h)
+        };
+        Ok(Threads {
+            flusher,
+            writeback,
+            segsync,
+        })
+    }
+
+    /// Stops the threads: each finishes what it is doing and exits once its queue closes.
+    pub(crate) fn stop(&mut self, inner: &Inner) {
+        if let Some((tx, h)) = self.flusher.take() {
+            drop(tx);
+            let _ = h.join();
+        }
+        lock(&inner.writeback).take();
+        if let Some(h) = self.writeback.take() {
+            let _ = h.join();
+        }
+        lock(&inner.segsync).take();
+        if let Some(h) = self.segsync.take() {
+            let _ = h.join();
+        }
+    }
+}

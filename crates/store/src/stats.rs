@@ -1,0 +1,173 @@
+//! Statistics: in-memory counters since open, the persisted per-codec and per-segment figures
+//! ([`Store::stats`]), and compsize-like usage of files and directories ([`Store::usage`]).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use compfs_codec::Algorithm;
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::error::Result;
+use crate::meta::{self, dec};
+use crate::read::inode_in;
+use crate::records::{ExtentRec, MapRec};
+use crate::store::{Inner, Store};
+use crate::types::*;
+
+/// Counters for [`Stats`] kept in memory since open.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub user_written: AtomicU64,
+    pub user_read: AtomicU64,
+    pub seg_written: AtomicU64,
+    pub compressed: [AtomicU64; 5],
+    pub raw: AtomicU64,
+    pub heuristic_skips: AtomicU64,
+    pub zero_blocks: AtomicU64,
+    pub gc_runs: AtomicU64,
+    pub gc_moved: AtomicU64,
+    pub gc_freed: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = Stats {
+            user_bytes_written: ld(&c.user_written),
+            user_bytes_read: ld(&c.user_read),
+            segment_bytes_written: ld(&c.seg_written),
+            extents_raw: ld(&c.raw),
+            heuristic_skips: ld(&c.heuristic_skips),
+            zero_blocks: ld(&c.zero_blocks),
+            gc_runs: ld(&c.gc_runs),
+            gc_bytes_moved: ld(&c.gc_moved),
+            gc_segments_freed: ld(&c.gc_freed),
+            cache_hits: ld(&c.cache_hits),
+            cache_misses: ld(&c.cache_misses),
+            read_only: self.ro_flag.load(Ordering::SeqCst) || self.read_only_open,
+            dirty_bytes: self.dirty_bytes.load(Ordering::Relaxed) as u64,
+            ..Stats::default()
+        };
+        for a in compfs_codec::Algorithm::ALL {
+            let n = ld(&c.compressed[a.id() as usize]);
+            if n > 0 {
+                s.extents_compressed.insert(a.name().to_string(), n);
+            }
+        }
+        if let Ok(txn) = self.db.begin_read() {
+            if let Ok(t) = txn.open_table(meta::STATS) {
+                if let Ok(it) = t.iter() {
+                    for (k, v) in it.flatten() {
+                        let Ok(r) = crate::records::StatRec::decode(v.value()) else {
+                            continue;
+                        };
+                        let name = if k.value() == crate::records::STAT_INLINE {
+                            "inline".to_string()
+                        } else {
+                            match compfs_codec::Algorithm::from_id(k.value()) {
+                                Some(a) => a.name().to_string(),
+                                None => continue,
+                            }
+                        };
+                        s.per_codec.insert(
+                            name,
+                            CodecCounters {
+                                extents: r.extents,
+                                disk: r.disk,
+                                uncompressed: r.uncompressed,
+                                referenced: r.referenced,
+                            },
+                        );
+                    }
+                }
+            }
+            if let Ok(t) = txn.open_table(meta::SEGMENTS) {
+                if let Ok(it) = t.iter() {
+                    for (_, v) in it.flatten() {
+                        if let Ok(r) = crate::records::SegmentRec::decode(v.value()) {
+                            s.segment_bytes = s.segment_bytes.saturating_add(r.len);
+                            s.live_bytes = s.live_bytes.saturating_add(r.live);
+                        }
+                    }
+                }
+            }
+        }
+        s
+    }
+}
+
+impl Store {
+    /// Live statistics.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// compsize figures for files and (recursively) directories; each file and each extent is
+    /// counted once.
+    pub fn usage(&self, inos: &[Ino]) -> Result<Usage> {
+        self.inner.flush_all(false)?;
+        let txn = self.inner.db.begin_read()?;
+        let dirents = txn.open_table(meta::DIRENTS)?;
+        let map = txn.open_table(meta::EXTMAP)?;
+        let extents = txn.open_table(meta::EXTENTS)?;
+        let mut seen = BTreeSet::new();
+        let mut todo: Vec<Ino> = inos.to_vec();
+        let mut files = Vec::new();
+        while let Some(ino) = todo.pop() {
+            if !seen.insert(ino) {
+                continue;
+            }
+            let rec = inode_in(&txn, ino)?;
+            match rec.kind {
+                FileKind::Dir => {
+                    for r in dirents.range((ino, &[][..])..(ino + 1, &[][..]))? {
+                        let (_, v) = r?;
+                        let de = dec(crate::records::DirentRec::decode(v.value()))?;
+                        todo.push(de.ino);
+                    }
+                }
+                FileKind::File => files.push((ino, rec)),
+                _ => {}
+            }
+        }
+        let mut u = Usage::default();
+        let mut ext_seen = BTreeSet::new();
+        for (ino, rec) in files {
+            u.files += 1;
+            if let Some(i) = &rec.inline {
+                u.inline += 1;
+                let name = Algorithm::from_id(i.codec).map_or("none", |a| a.name());
+                let c = u.per_codec.entry(name.to_string()).or_default();
+                c.disk += i.bytes.len() as u64;
+                c.uncompressed += i.raw_len as u64;
+                c.referenced += i.raw_len as u64;
+            }
+            for r in map.range((ino, 0)..=(ino, u64::MAX))? {
+                let (_, v) = r?;
+                let m = dec(MapRec::decode(v.value()))?;
+                u.refs += 1;
+                let xr = match extents.get(m.extent)? {
+                    Some(v) => dec(ExtentRec::decode(v.value()))?,
+                    None => continue,
+                };
+                let name = Algorithm::from_id(xr.codec).map_or("none", |a| a.name());
+                let c = u.per_codec.entry(name.to_string()).or_default();
+                c.referenced += m.len as u64;
+                if ext_seen.insert(m.extent) {
+                    u.regular_extents += 1;
+                    c.disk += xr.stored_len as u64;
+                    c.uncompressed += xr.raw_len as u64;
+                }
+            }
+        }
+        let mut t = CodecUsage::default();
+        for c in u.per_codec.values() {
+            t.add(c);
+        }
+        u.total = t;
+        Ok(u)
+    }
+}

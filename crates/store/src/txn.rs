@@ -1,0 +1,119 @@
+//! Metadata transactions and the read-only latch: the crash-safety core. Every change to the
+//! metadata goes through [`Inner::write`] (or [`Inner::begin`] + [`Inner::commit`]); a durable
+//! commit syncs every segment with unsynced bytes first, so durable metadata never references
+//! unsynced data; any failed write, sync or commit latches the store read-only.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use redb::Durability;
+
+use crate::attrs::write_patches;
+use crate::error::{Error, Result};
+use crate::meta::W;
+use crate::store::{lock, Inner};
+
+impl Inner {
+    /// Fails with [`Error::ReadOnly`] if the store takes no more changes.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.read_only_open {
+            return Err(Error::ReadOnly("opened read-only".into()));
+        }
+        if self.ro_flag.load(Ordering::SeqCst) {
+            let why = lock(&self.ro).clone().unwrap_or_default();
+            return Err(Error::ReadOnly(why));
+        }
+        Ok(())
+    }
+
+    /// Latches the store read-only after a failed write, sync or commit, and passes the error on.
+    pub(crate) fn fail(&self, e: Error) -> Error {
+        if !self.ro_flag.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "compfs store {}: {e}; refusing further writes until reopened",
+                self.dir.display()
+            );
+            *lock(&self.ro) = Some(format!("an earlier write or sync failed: {e}"));
+        }
+        e
+    }
+
+    /// Starts a write transaction with non-durable commit semantics.
+    fn begin(&self, durable: bool) -> Result<redb::WriteTransaction> {
+        let mut txn = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(|e| self.fail(e.into()))?;
+        Ok(txn)
+    }
+
+    /// Runs `body` in a write transaction and commits it (durably when `durable`).
+    ///
+    /// A storage error inside the body (redb I/O, a full disk, damaged metadata) latches the
+    /// store read-only exactly like a failed begin or commit, as btrfs aborts a transaction:
+    /// redb may already have written some of the transaction's pages, and the device is failing.
+    /// Errors that only refuse the operation (`NotFound`, `Exists`, ...) leave it writable.
+    pub(crate) fn write<T>(
+        &self,
+        durable: bool,
+        body: impl FnOnce(&mut W<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let txn = self.begin(durable)?;
+        let out = {
+            let mut w = W::open(&txn).map_err(|e| self.fail_storage(e))?;
+            body(&mut w).map_err(|e| self.fail_storage(e))?
+        };
+        self.commit(txn, durable)?;
+        Ok(out)
+    }
+
+    /// Latches read-only when `e` is a storage error (see [`Error::is_storage`]).
+    fn fail_storage(&self, e: Error) -> Error {
+        if e.is_storage() {
+            self.fail(e)
+        } else {
+            e
+        }
+    }
+
+    /// Commits; a failure latches read-only. A durable commit first syncs every segment with
+    /// unsynced bytes: the transaction holds redb's write lock, so every earlier (non-durable)
+    /// commit that this one makes durable appended its bytes before now, and they are synced
+    /// before the metadata referencing them becomes durable.
+    ///
+    /// Every commit also writes the pending attribute patches (see `attrs`); they are retired
+    /// once the commit succeeded.
+    pub(crate) fn commit(&self, txn: redb::WriteTransaction, durable: bool) -> Result<()> {
+        let pending = {
+            let p = lock(&self.patches);
+            if p.is_empty() {
+                Vec::new()
+            } else {
+                p.snapshot()
+            }
+        };
+        if !pending.is_empty() {
+            write_patches(&txn, &pending).map_err(|e| self.fail(e))?;
+        }
+        if durable {
+            self.sync_segments()?;
+        }
+        txn.commit().map_err(|e| self.fail(e.into()))?;
+        if durable {
+            *lock(&self.last_durable) = Instant::now();
+        }
+        if !pending.is_empty() {
+            lock(&self.patches).retire(&pending);
+        }
+        Ok(())
+    }
+
+    /// A durable (fsync'ing) commit: makes every earlier non-durable commit durable. Every
+    /// segment byte those commits reference was synced before they committed.
+    pub(crate) fn commit_durable(&self) -> Result<()> {
+        self.write(true, |_| Ok(()))
+    }
+}

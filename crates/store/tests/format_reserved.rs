@@ -1,0 +1,115 @@
+//! Reserved bytes of every on-disk structure must be zero when decoded (docs/format.md,
+//! "Reserved bytes").
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use compfs_store::format::{
+    ExtentHeader, ExtentRec, Inline, InodeRec, SbError, SegmentHeader, Superblock,
+};
+use compfs_store::{CodecSpec, FileKind, Mode, Timestamp};
+
+/// Sets byte `i` of an encoding to 1 and, where a CRC covers it, fixes the CRC so that only
+/// the reserved-byte check can reject it.
+fn poke(b: &mut [u8], i: usize, crc: Option<(std::ops::Range<usize>, usize)>) {
+    b[i] = 1;
+    if let Some((covered, at)) = crc {
+        let c = crc32c::crc32c(&b[covered]);
+        b[at..at + 4].copy_from_slice(&c.to_le_bytes());
+    }
+}
+
+#[test]
+fn reserved_bytes_must_be_zero() {
+    let sb = Superblock {
+        version: 1,
+        uuid: [7; 16],
+        extent_size: 131072,
+        codec: CodecSpec::parse("zstd:5").unwrap().spec,
+        mode: Mode::Force,
+        inline_max: 2048,
+        segment_size: 64 << 20,
+        created: 12345,
+    };
+    let mut b = sb.encode();
+    poke(&mut b, 39, Some((0..60, 60)));
+    assert!(matches!(Superblock::decode(&b), Err(SbError::BadField(_))));
+
+    let seg = SegmentHeader {
+        version: 1,
+        uuid: [1; 16],
+        id: 4,
+    };
+    for i in (12..16).chain(44..64) {
+        let mut b = seg.encode();
+        assert!(SegmentHeader::decode(&b).is_ok());
+        poke(&mut b, i, Some((0..40, 40)));
+        assert!(
+            SegmentHeader::decode(&b).is_err(),
+            "segment header byte {i}"
+        );
+    }
+
+    let h = ExtentHeader {
+        codec: 3,
+        level: 1,
+        raw_len: 4096,
+        stored_len: 100,
+        id: 1,
+        ino: 2,
+        file_offset: 0,
+        crc: 5,
+    };
+    for i in 6..8 {
+        let mut b = h.encode();
+        poke(&mut b, i, Some((0..44, 44)));
+        assert!(ExtentHeader::decode(&b).is_err(), "extent header byte {i}");
+    }
+
+    let t = Timestamp { secs: 1, nsecs: 2 };
+    let inode = InodeRec {
+        kind: FileKind::File,
+        perm: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        size: 3,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        parent: 0,
+        next_seq: 0,
+        disk_bytes: 0,
+        inline: Some(Inline {
+            codec: 0,
+            level: 0,
+            raw_len: 3,
+            bytes: b"abc".to_vec(),
+        }),
+    };
+    for i in (20..24).chain(106..108) {
+        let mut b = inode.encode();
+        assert!(InodeRec::decode(&b).is_ok());
+        poke(&mut b, i, None);
+        assert!(InodeRec::decode(&b).is_err(), "inode byte {i}");
+    }
+
+    let e = ExtentRec {
+        segment: 1,
+        seg_offset: 64,
+        stored_len: 100,
+        raw_len: 4096,
+        codec: 3,
+        level: 1,
+        crc: 5,
+        refs: 1,
+        ino: 2,
+    };
+    for i in 26..28 {
+        let mut b = e.encode();
+        assert!(ExtentRec::decode(&b).is_ok());
+        poke(&mut b, i, None);
+        assert!(ExtentRec::decode(&b).is_err(), "extent record byte {i}");
+    }
+}
