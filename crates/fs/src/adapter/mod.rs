@@ -5,30 +5,37 @@
 //! [`crate::atime`]; how far a directory read goes while entries are renamed), and the
 //! read-only virtual xattrs that report usage and statistics.
 
-use std::cell::OnceCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use compfs_store::{
-    Attr, DirEntry, Error, FileKind, Ino, RenameFlags as StoreRename, SetAttr, Store,
-    TimeOrNow as StoreTime, Timestamp, XattrSet, ROOT_INO,
+    Attr, Error, FileKind, Ino, RenameFlags as StoreRename, SetAttr, Store, TimeOrNow as StoreTime,
+    Timestamp, XattrSet, ROOT_INO,
 };
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::atime::{AtimeMode, AtimePolicy};
-use crate::privilege::{self, Caller, Change};
+use crate::privilege::Change;
 use crate::report;
+
+mod convert;
+mod dirread;
+mod killpriv;
+mod path;
+
+use convert::*;
+pub use path::path_of;
 
 /// How long the kernel may cache attributes and directory entries. All changes go through this
 /// mount, so the kernel's caches are only stale if the store is changed behind its back, which
@@ -164,260 +171,6 @@ impl CompFs {
             }
             _ => (req.uid(), req.gid(), perm),
         }
-    }
-}
-
-const CAPABILITY_XATTR: &[u8] = b"security.capability";
-
-impl CompFs {
-    /// The cookie that reads of directory handle `fh` stop at: entries renamed or created
-    /// after the handle was opened (or rewound) are not returned, so none comes twice and a
-    /// read ends whatever renames do meanwhile.
-    fn dir_end(&self, dir: Ino, fh: FileHandle, offset: u64) -> Result<u64, Error> {
-        let mut ends = match self.dir_ends.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if offset == 0 {
-            let end = self.store.dir_end_cookie(dir)?;
-            if let Some(e) = ends.get_mut(&fh.0) {
-                *e = end;
-            }
-            return Ok(end);
-        }
-        Ok(ends.get(&fh.0).copied().unwrap_or(u64::MAX))
-    }
-
-    /// Feeds the entries of `dir` from cookie `offset` on to `add` until it says the reply
-    /// buffer is full (returns true) or the directory ends (at cookie `end`).
-    fn fill_dir(
-        &self,
-        dir: Ino,
-        mut offset: u64,
-        end: u64,
-        mut add: impl FnMut(&DirEntry) -> Result<bool, Error>,
-    ) -> Result<(), Error> {
-        loop {
-            let entries = self.store.readdir(dir, offset, READDIR_BATCH)?;
-            if entries.is_empty() {
-                return Ok(());
-            }
-            for e in &entries {
-                if e.offset >= end {
-                    return Ok(());
-                }
-                if add(e)? {
-                    return Ok(());
-                }
-                offset = e.offset;
-            }
-        }
-    }
-
-    /// The permission bits `attr` keeps after `changes` by the caller of `req`
-    /// ([`privilege::mode_after`]: the kernel leaves this to us under FUSE_HANDLE_KILLPRIV_V2).
-    /// `unprivileged`: the kernel already said that the caller lacks CAP_FSETID.
-    fn killed_perm(
-        &self,
-        req: &Request,
-        attr: &Attr,
-        changes: &[Change],
-        unprivileged: bool,
-    ) -> u16 {
-        let caller = OnceCell::new();
-        let who = || caller.get_or_init(|| caller_of(req, unprivileged)).clone();
-        changes.iter().fold(attr.perm, |perm, &ch| {
-            privilege::mode_after(attr.kind, perm, attr.gid, ch, who)
-        })
-    }
-
-    /// Clears S_ISUID/S_ISGID as `change` by `req`'s caller requires (write and fallocate;
-    /// setattr folds the new mode into its own store call).
-    fn kill_privs(
-        &self,
-        req: &Request,
-        ino: Ino,
-        change: Change,
-        unprivileged: bool,
-    ) -> Result<(), Error> {
-        let attr = self.store.getattr(ino)?;
-        let perm = self.killed_perm(req, &attr, &[change], unprivileged);
-        if perm != attr.perm {
-            let set = SetAttr {
-                mode: Some(u32::from(perm)),
-                ..SetAttr::default()
-            };
-            self.store.setattr(ino, &set)?;
-        }
-        self.drop_capability(req, &attr, change, unprivileged)
-    }
-
-    /// File capabilities go with the setuid bit: on chown of a non-directory, and on a change
-    /// of a regular file by a caller without CAP_FSETID (the kernel's ATTR_KILL_PRIV).
-    fn drop_capability(
-        &self,
-        req: &Request,
-        attr: &Attr,
-        change: Change,
-        unprivileged: bool,
-    ) -> Result<(), Error> {
-        let applies = match change {
-            Change::Chown => attr.kind != FileKind::Dir,
-            Change::Modify => attr.kind == FileKind::File,
-        };
-        if !applies || self.store.getxattr(attr.ino, CAPABILITY_XATTR).is_err() {
-            return Ok(());
-        }
-        if change == Change::Modify && caller_of(req, unprivileged).fsetid {
-            return Ok(());
-        }
-        match self.store.removexattr(attr.ino, CAPABILITY_XATTR) {
-            Ok(()) | Err(Error::NoXattr) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// The credentials of a request's caller for the privilege-bit rules.
-fn caller_of(req: &Request, unprivileged: bool) -> Caller {
-    let mut c = Caller::of(req.uid(), req.gid(), req.pid());
-    if unprivileged {
-        c.fsetid = false;
-    }
-    c
-}
-
-/// Finds a path of an inode by walking the tree from the root (only used for the corruption
-/// log line, so its cost does not matter). Gives up after visiting 1,000,000 entries.
-pub fn path_of(store: &Store, target: Ino) -> Option<Vec<u8>> {
-    if target == ROOT_INO {
-        return Some(b"/".to_vec());
-    }
-    let mut queue: VecDeque<(Ino, Vec<u8>)> = VecDeque::from([(ROOT_INO, Vec::new())]);
-    let mut budget = 1_000_000usize;
-    while let Some((dir, path)) = queue.pop_front() {
-        let mut offset = 0;
-        loop {
-            let entries = store.readdir(dir, offset, READDIR_BATCH).ok()?;
-            if entries.is_empty() {
-                break;
-            }
-            for e in entries {
-                offset = e.offset;
-                if e.name == b"." || e.name == b".." {
-                    continue;
-                }
-                budget = budget.checked_sub(1)?;
-                let mut p = path.clone();
-                p.push(b'/');
-                p.extend_from_slice(&e.name);
-                if e.ino == target {
-                    return Some(p);
-                }
-                if e.kind == FileKind::Dir {
-                    queue.push_back((e.ino, p));
-                }
-            }
-        }
-    }
-    None
-}
-
-fn kind(k: FileKind) -> FileType {
-    match k {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDev => FileType::CharDevice,
-        FileKind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-fn kind_from_mode(mode: u32) -> Option<FileKind> {
-    Some(match mode & libc::S_IFMT {
-        libc::S_IFREG | 0 => FileKind::File,
-        libc::S_IFDIR => FileKind::Dir,
-        libc::S_IFLNK => FileKind::Symlink,
-        libc::S_IFIFO => FileKind::Fifo,
-        libc::S_IFSOCK => FileKind::Socket,
-        libc::S_IFCHR => FileKind::CharDev,
-        libc::S_IFBLK => FileKind::BlockDev,
-        _ => return None,
-    })
-}
-
-fn systime(t: Timestamp) -> SystemTime {
-    if t.secs >= 0 {
-        UNIX_EPOCH + Duration::new(t.secs as u64, t.nsecs)
-    } else {
-        // secs is negative and nsecs counts forward from it.
-        UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs())
-            + Duration::from_nanos(t.nsecs.into())
-    }
-}
-
-fn timestamp(t: SystemTime) -> Timestamp {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp {
-            secs: d.as_secs() as i64,
-            nsecs: d.subsec_nanos(),
-        },
-        Err(e) => {
-            let d = e.duration();
-            let (secs, nsecs) = if d.subsec_nanos() == 0 {
-                (-(d.as_secs() as i64), 0)
-            } else {
-                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
-            };
-            Timestamp { secs, nsecs }
-        }
-    }
-}
-
-fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: systime(a.atime),
-        mtime: systime(a.mtime),
-        ctime: systime(a.ctime),
-        crtime: systime(a.crtime),
-        kind: kind(a.kind),
-        perm: a.perm,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: 4096,
-        flags: 0,
-    }
-}
-
-fn name(n: &OsStr) -> &[u8] {
-    n.as_bytes()
-}
-
-fn time_or_now(t: TimeOrNow) -> StoreTime {
-    match t {
-        TimeOrNow::Now => StoreTime::Now,
-        TimeOrNow::SpecificTime(t) => StoreTime::Time(timestamp(t)),
-    }
-}
-
-/// Replies to a getxattr/listxattr with the value or its size, as the protocol asks.
-fn reply_xattr(reply: ReplyXattr, size: u32, value: &[u8]) {
-    if size == 0 {
-        match u32::try_from(value.len()) {
-            Ok(n) => reply.size(n),
-            Err(_) => reply.error(Errno::E2BIG),
-        }
-    } else if value.len() > size as usize {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(value);
     }
 }
 
@@ -1036,59 +789,3 @@ impl Filesystem for CompFs {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_round_trip_including_before_the_epoch() {
-        for t in [
-            Timestamp { secs: 0, nsecs: 0 },
-            Timestamp {
-                secs: 1_700_000_000,
-                nsecs: 123_456_789,
-            },
-            Timestamp {
-                secs: -1,
-                nsecs: 500_000_000,
-            },
-            Timestamp {
-                secs: -100,
-                nsecs: 0,
-            },
-        ] {
-            assert_eq!(timestamp(systime(t)), t, "{t:?}");
-        }
-    }
-
-    #[test]
-    fn modes_map_to_kinds() {
-        assert_eq!(kind_from_mode(libc::S_IFREG | 0o644), Some(FileKind::File));
-        assert_eq!(kind_from_mode(0o644), Some(FileKind::File));
-        assert_eq!(kind_from_mode(libc::S_IFIFO | 0o600), Some(FileKind::Fifo));
-        assert_eq!(kind_from_mode(libc::S_IFBLK), Some(FileKind::BlockDev));
-        assert_eq!(kind_from_mode(0o170000), None);
-    }
-}
-
-/// The reply types that carry no data on success.
-trait Finish {
-    fn done(self);
-    fn fail(self, e: Errno);
-}
-
-macro_rules! impl_finish {
-    ($($t:ty),*) => {$(
-        impl Finish for $t {
-            fn done(self) {
-                self.ok()
-            }
-            fn fail(self, e: Errno) {
-                self.error(e)
-            }
-        }
-    )*};
-}
-
-impl_finish!(ReplyEmpty, ReplyDirectory, ReplyDirectoryPlus);
