@@ -344,7 +344,7 @@ proptest! {
         let r = Request { flags, kind, cookie, offset, len };
         prop_assert_eq!(Request::parse(&r.encode()), Ok(r));
         // validate never panics and accepts only in-range known commands with known flags.
-        if r.validate(SIZE).is_none() && kind != CMD_FLUSH {
+        if r.validate(SIZE, &Session::default()).is_none() && kind != CMD_FLUSH {
             prop_assert!(offset.checked_add(u64::from(len)).is_some_and(|e| e <= SIZE));
             prop_assert!([CMD_READ, CMD_WRITE, CMD_TRIM, CMD_CACHE, CMD_WRITE_ZEROES].contains(&kind));
         }
@@ -384,7 +384,7 @@ proptest! {
         }
         input.extend_from_slice(&bytes);
         let mut out = Vec::new();
-        let _ = transmission(&mut Cursor::new(&input), &mut out, &s);
+        let _ = transmission(&mut Cursor::new(&input), &mut out, &s, &Session::default());
         let mut out2 = Vec::new();
         let _ = handshake(&mut Cursor::new(&bytes), &mut out2, &export());
         prop_assert!(out.is_empty() || u32_at(&out, 0) == SIMPLE_REPLY_MAGIC);

@@ -61,6 +61,17 @@ impl std::fmt::Display for PageKind {
     }
 }
 
+/// What a page holds, as block status reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// Never written, trimmed or zeroed into a hole: reads as zeros and costs nothing.
+    Unwritten,
+    /// Allocated, known to read as zeros (a same-filled page of zero words).
+    Zero,
+    /// Anything else (compressed, huge, same-filled nonzero, or written back).
+    Data,
+}
+
 /// How the store is set up.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -317,6 +328,20 @@ impl PageStore {
             pos += n as u64;
         }
         Ok(())
+    }
+
+    /// What page `page` holds (block status). Does not count as an access: the idle mark stays.
+    /// A page past the end is reported unwritten (callers check the range first).
+    pub fn page_state(&self, page: u64) -> PageState {
+        if page >= self.pages {
+            return PageState::Unwritten;
+        }
+        let (shard, idx) = self.shard(page);
+        match lock(shard)[idx] {
+            Entry::Empty => PageState::Unwritten,
+            Entry::Same { word, .. } if word == [0u8; 8] => PageState::Zero,
+            _ => PageState::Data,
+        }
     }
 
     /// Calls `f(page, offset_in_page, range_in_buffer)` for each page the range covers.
