@@ -798,8 +798,9 @@ fn block_status<W: Write>(
     } else {
         MAX_EXTENTS
     };
-    let ext = extents(req.offset, req.len, max, |page| {
-        allocation_flags(store.page_state(page))
+    let ext = extents(req.offset, req.len, max, |page, pages| {
+        let (state, n) = store.page_run(page, pages);
+        (allocation_flags(state), n)
     });
     buf.clear();
     buf.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());

@@ -344,6 +344,26 @@ impl PageStore {
         }
     }
 
+    /// The state of page `page` and how many pages from it (at least 1, at most `max`) are
+    /// known to share it. Pages `g * G .. (g + 1) * G` with `G = SHARDS * CHUNK_ENTRIES` (128 MiB)
+    /// live in chunk `g` of every shard, so when no shard ever allocated that chunk the whole
+    /// group is unwritten and one look at 64 shards answers for 32,768 pages; otherwise one page.
+    pub fn page_run(&self, page: u64, max: u64) -> (PageState, u64) {
+        const GROUP: u64 = (SHARDS * CHUNK_ENTRIES) as u64;
+        let max = max.max(1);
+        let group = page / GROUP;
+        if page < self.pages
+            && self
+                .shards
+                .iter()
+                .all(|s| lock(s).chunk_unallocated(group as usize))
+        {
+            let end = ((group + 1) * GROUP).min(self.pages);
+            return (PageState::Unwritten, (end - page).min(max));
+        }
+        (self.page_state(page), 1)
+    }
+
     /// Calls `f(page, offset_in_page, range_in_buffer)` for each page the range covers.
     fn for_pages(
         &self,
