@@ -24,8 +24,6 @@ pub enum MetaError {
     Lengths,
     #[error("export name or query longer than 4096 bytes")]
     TooLong,
-    #[error("query without a namespace (no colon)")]
-    NoNamespace,
 }
 
 fn be32(b: &[u8]) -> Option<u32> {
@@ -77,22 +75,16 @@ pub fn encode_meta_option(name: &[u8], queries: &[&[u8]]) -> Vec<u8> {
 
 /// Whether the queries select `base:allocation`. With `list` (NBD_OPT_LIST_META_CONTEXT), no
 /// query means every context and `base:` is a wildcard for the namespace; with SET, no query
-/// selects nothing and `base:` is ignored, as proto.md requires. Queries of other namespaces and
-/// unknown leaf names of `base:` are ignored; a query without a namespace is invalid.
-pub fn selects_base_allocation(queries: &[Vec<u8>], list: bool) -> Result<bool, MetaError> {
+/// selects nothing and `base:` is ignored, as proto.md requires. Queries of other namespaces,
+/// unknown leaf names of `base:` and queries without a namespace are ignored (the spec allows
+/// refusing the last kind; nbdkit ignores them, and so does this server).
+pub fn selects_base_allocation(queries: &[Vec<u8>], list: bool) -> bool {
     if queries.is_empty() {
-        return Ok(list);
+        return list;
     }
-    let mut found = false;
-    for q in queries {
-        if !q.contains(&b':') {
-            return Err(MetaError::NoNamespace);
-        }
-        if q.as_slice() == BASE_ALLOCATION.as_bytes() || (list && q.as_slice() == b"base:") {
-            found = true;
-        }
-    }
-    Ok(found)
+    queries
+        .iter()
+        .any(|q| q.as_slice() == BASE_ALLOCATION.as_bytes() || (list && q.as_slice() == b"base:"))
 }
 
 #[cfg(test)]
@@ -106,21 +98,21 @@ mod tests {
         let m = parse_meta_option(&d).unwrap();
         assert_eq!(m.name, b"disk");
         assert_eq!(m.queries.len(), 2);
-        assert_eq!(selects_base_allocation(&m.queries, false), Ok(true));
+        assert!(selects_base_allocation(&m.queries, false));
         // LIST: no query lists everything, "base:" is a wildcard; SET: neither selects.
-        assert_eq!(selects_base_allocation(&[], true), Ok(true));
-        assert_eq!(selects_base_allocation(&[], false), Ok(false));
+        assert!(selects_base_allocation(&[], true));
+        assert!(!selects_base_allocation(&[], false));
         let wild = vec![b"base:".to_vec()];
-        assert_eq!(selects_base_allocation(&wild, true), Ok(true));
-        assert_eq!(selects_base_allocation(&wild, false), Ok(false));
-        // Unknown namespaces and leaf names are ignored, a missing namespace is invalid.
-        let other = vec![b"x-foo:bar".to_vec(), b"base:nothing".to_vec()];
-        assert_eq!(selects_base_allocation(&other, false), Ok(false));
-        let bad = vec![b"allocation".to_vec()];
-        assert_eq!(
-            selects_base_allocation(&bad, false),
-            Err(MetaError::NoNamespace)
-        );
+        assert!(selects_base_allocation(&wild, true));
+        assert!(!selects_base_allocation(&wild, false));
+        // Unknown namespaces and leaf names, and queries without a namespace, are ignored.
+        let other = vec![
+            b"x-foo:bar".to_vec(),
+            b"base:nothing".to_vec(),
+            b"allocation".to_vec(),
+        ];
+        assert!(!selects_base_allocation(&other, false));
+        assert!(!selects_base_allocation(&other, true));
     }
 
     #[test]

@@ -321,9 +321,9 @@ fn info_export(size: u64, flags: u16) -> [u8; 12] {
     b
 }
 
-/// Answers NBD_OPT_LIST_META_CONTEXT (`list`) or NBD_OPT_SET_META_CONTEXT. Both need
-/// structured replies first (nbdkit refuses both without; the spec says SHOULD for SET, MAY for
-/// LIST). SET replaces the selection even when it fails, as the spec asks.
+/// Answers NBD_OPT_LIST_META_CONTEXT (`list`) or NBD_OPT_SET_META_CONTEXT. SET needs structured
+/// replies first (the spec's SHOULD); LIST is answered either way, as nbdkit does (the spec
+/// lets a server refuse it). SET replaces the selection even when it fails, as the spec asks.
 fn meta_context_option<W: Write>(
     w: &mut W,
     opt: u32,
@@ -335,7 +335,7 @@ fn meta_context_option<W: Write>(
     if !list {
         session.base_allocation = false;
     }
-    if !session.structured {
+    if !list && !session.structured {
         return opt_reply(
             w,
             opt,
@@ -350,10 +350,7 @@ fn meta_context_option<W: Write>(
     if !export.matches(&m.name) {
         return opt_reply(w, opt, REP_ERR_UNKNOWN, b"no such export");
     }
-    let found = match meta::selects_base_allocation(&m.queries, list) {
-        Ok(f) => f,
-        Err(e) => return opt_reply(w, opt, REP_ERR_INVALID, e.to_string().as_bytes()),
-    };
+    let found = meta::selects_base_allocation(&m.queries, list);
     if found {
         // LIST replies carry id 0 (reserved), SET replies the id BLOCK_STATUS will use.
         let id = if list { 0 } else { BASE_ALLOCATION_ID };
