@@ -571,7 +571,12 @@ fn error_chunk<W: Write>(
     msg: &str,
     offset: Option<u64>,
 ) -> io::Result<()> {
-    let msg = &msg.as_bytes()[..msg.len().min(meta::MAX_STRING)];
+    // At most 4096 bytes (the spec's string limit), cut at a character boundary.
+    let mut n = msg.len().min(meta::MAX_STRING);
+    while !msg.is_char_boundary(n) {
+        n -= 1;
+    }
+    let msg = &msg.as_bytes()[..n];
     let (kind, extra) = match offset {
         Some(_) => (REPLY_TYPE_ERROR_OFFSET, 8),
         None => (REPLY_TYPE_ERROR, 0),
