@@ -4,10 +4,14 @@
 //! - [`pool`]: zsmalloc-like size-class pool that holds compressed pages.
 //! - [`store`]: the page table, same-page and huge-page handling, recompression, writeback and
 //!   zram's statistics.
-//! - [`nbd`]: the NBD protocol (fixed newstyle handshake, simple replies).
+//! - [`nbd`]: the NBD protocol (fixed newstyle handshake, simple and structured replies).
+//! - [`meta`]: metadata context negotiation (`base:allocation`).
+//! - [`extents`]: block status descriptors from page states.
 //! - [`server`]: listeners, one thread per connection, and the control channel.
 
 pub mod error;
+pub mod extents;
+pub mod meta;
 pub mod nbd;
 pub mod pool;
 pub mod server;
@@ -16,4 +20,4 @@ pub mod store;
 pub use error::BlkError;
 pub use nbd::Export;
 pub use pool::{HUGE_THRESHOLD, PAGE};
-pub use store::{Config, PageKind, PageStore, Stats};
+pub use store::{Config, PageKind, PageState, PageStore, Stats};

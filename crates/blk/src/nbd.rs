@@ -1,15 +1,20 @@
 //! The NBD protocol (<https://github.com/NetworkBlockDevice/nbd/blob/master/doc/proto.md>),
-//! server side: fixed newstyle handshake with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME, and the
-//! transmission phase with simple replies. docs/nbd.md lists what is implemented and why this
-//! is not built on the `nbd` crate.
+//! server side: fixed newstyle handshake with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME,
+//! NBD_OPT_STRUCTURED_REPLY and the `base:allocation` metadata context, and the transmission
+//! phase with simple replies, or structured replies and NBD_CMD_BLOCK_STATUS for clients that
+//! negotiate them. docs/nbd.md lists what is implemented and why this is not built on the `nbd`
+//! crate.
 //!
-//! Parsing is split from I/O: [`Request::parse`] and [`parse_info_option`] are pure functions
-//! over bytes, tested with malformed input; [`handshake`] and [`transmission`] do the I/O over
-//! any `Read`/`Write` pair.
+//! Parsing is split from I/O: [`Request::parse`], [`parse_info_option`],
+//! [`crate::meta::parse_meta_option`] and [`crate::extents::extents`] are pure functions, tested
+//! with malformed input; [`handshake`] and [`transmission`] do the I/O over any `Read`/`Write`
+//! pair.
 
 use std::io::{self, Read, Write};
 
 use crate::error::BlkError;
+use crate::extents::{allocation_flags, extents};
+use crate::meta::{self, BASE_ALLOCATION, BASE_ALLOCATION_ID};
 use crate::store::PageStore;
 
 // Handshake magics and flags.
@@ -28,11 +33,16 @@ pub const OPT_LIST: u32 = 3;
 pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option replies.
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_FLAG_ERROR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_FLAG_ERROR | 1;
 pub const REP_ERR_INVALID: u32 = REP_FLAG_ERROR | 3;
@@ -52,11 +62,13 @@ pub const TF_SEND_FLUSH: u16 = 1 << 2;
 pub const TF_SEND_FUA: u16 = 1 << 3;
 pub const TF_SEND_TRIM: u16 = 1 << 5;
 pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
+pub const TF_SEND_DF: u16 = 1 << 7;
 pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
 pub const TF_SEND_CACHE: u16 = 1 << 10;
 pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
 
-/// What this server does, advertised truthfully: FLUSH and FUA are accepted (data lives in
+/// What this server does for every client (see [`Session::transmission_flags`] for the flags
+/// that depend on negotiation), advertised truthfully: FLUSH and FUA are accepted (data lives in
 /// memory and every reply is sent after the store has it, so both are satisfied at once);
 /// TRIM and WRITE_ZEROES free pages; CACHE is a no-op success; FAST_ZERO holds because
 /// zeroing never falls back to writing; all connections see one store under page locks, so
@@ -73,6 +85,7 @@ pub const TRANSMISSION_FLAGS: u16 = TF_HAS_FLAGS
 // Requests and replies.
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 pub const CMD_READ: u16 = 0;
 pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
@@ -80,9 +93,24 @@ pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_CACHE: u16 = 5;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+pub const CMD_FLAG_DF: u16 = 1 << 2;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+
+// Structured reply chunks.
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const REPLY_TYPE_NONE: u16 = 0;
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
+/// Most descriptors in one block status reply (512 KiB). The spec caps them at 2^20 and lets a
+/// server answer for less than the requested length; the client asks again from there.
+pub const MAX_EXTENTS: usize = 1 << 16;
 
 // Error numbers on the wire.
 pub const EPERM: u32 = 1;
@@ -101,6 +129,28 @@ pub const MAX_PAYLOAD: u32 = 32 << 20;
 /// Largest option payload read in the handshake: an export name is at most 4096 bytes, plus
 /// the name length and up to a few info requests. Longer options are skipped unread.
 pub const MAX_OPTION: u32 = 8192;
+
+/// What the client negotiated in the handshake.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Session {
+    /// NBD_OPT_STRUCTURED_REPLY was acknowledged: READ and BLOCK_STATUS get structured replies.
+    pub structured: bool,
+    /// The last NBD_OPT_SET_META_CONTEXT selected `base:allocation`: BLOCK_STATUS is allowed.
+    pub base_allocation: bool,
+}
+
+impl Session {
+    /// Transmission flags for this session: [`TRANSMISSION_FLAGS`], plus `SEND_DF` once
+    /// structured replies are negotiated (the spec forbids it before; a READ with DF gets one
+    /// data chunk, and EOVERFLOW if it is longer than [`CHUNK`]).
+    pub fn transmission_flags(&self) -> u16 {
+        if self.structured {
+            TRANSMISSION_FLAGS | TF_SEND_DF
+        } else {
+            TRANSMISSION_FLAGS
+        }
+    }
+}
 
 /// Length of a request header on the wire.
 pub const REQUEST_LEN: usize = 28;
@@ -167,30 +217,40 @@ impl Request {
         self.kind == CMD_WRITE
     }
 
-    /// The flags this command may carry; anything else is EINVAL.
-    fn allowed_flags(&self) -> u16 {
+    /// The flags this command may carry in `session`; anything else is EINVAL.
+    fn allowed_flags(&self, session: &Session) -> u16 {
         match self.kind {
             CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
             CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            CMD_READ if session.structured => CMD_FLAG_FUA | CMD_FLAG_DF,
+            CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
             _ => CMD_FLAG_FUA,
         }
     }
 
     /// The error the request gets before touching the store, if any: unknown command or flags,
-    /// a payload over the maximum, or a range outside the export (ENOSPC for writes, as the
-    /// spec and nbdkit do; EINVAL otherwise).
-    pub fn validate(&self, size: u64) -> Option<u32> {
+    /// BLOCK_STATUS without a selected metadata context or of length 0, a payload over the
+    /// maximum (or a READ with DF over one chunk), or a range outside the export (ENOSPC for
+    /// writes, as the spec and nbdkit do; EINVAL otherwise).
+    pub fn validate(&self, size: u64, session: &Session) -> Option<u32> {
         match self.kind {
             CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE | CMD_WRITE_ZEROES => {}
+            CMD_BLOCK_STATUS if session.base_allocation => {}
             _ => return Some(EINVAL),
         }
-        if self.flags & !self.allowed_flags() != 0 {
+        if self.flags & !self.allowed_flags(session) != 0 {
             return Some(EINVAL);
         }
         if self.kind == CMD_FLUSH {
             return (self.offset != 0 || self.len != 0).then_some(EINVAL);
         }
+        if self.kind == CMD_BLOCK_STATUS && self.len == 0 {
+            return Some(EINVAL);
+        }
         if (self.kind == CMD_READ || self.kind == CMD_WRITE) && self.len > MAX_PAYLOAD {
+            return Some(EOVERFLOW);
+        }
+        if self.kind == CMD_READ && self.flags & CMD_FLAG_DF != 0 && self.len as usize > CHUNK {
             return Some(EOVERFLOW);
         }
         match self.offset.checked_add(u64::from(self.len)) {
@@ -253,12 +313,55 @@ fn opt_reply<W: Write>(w: &mut W, opt: u32, kind: u32, data: &[u8]) -> io::Resul
     w.write_all(data)
 }
 
-fn info_export(size: u64) -> [u8; 12] {
+fn info_export(size: u64, flags: u16) -> [u8; 12] {
     let mut b = [0u8; 12];
     b[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
     b[2..10].copy_from_slice(&size.to_be_bytes());
-    b[10..12].copy_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+    b[10..12].copy_from_slice(&flags.to_be_bytes());
     b
+}
+
+/// Answers NBD_OPT_LIST_META_CONTEXT (`list`) or NBD_OPT_SET_META_CONTEXT. SET needs structured
+/// replies first (the spec's SHOULD); LIST is answered either way, as nbdkit does (the spec
+/// lets a server refuse it). SET replaces the selection even when it fails, as the spec asks.
+fn meta_context_option<W: Write>(
+    w: &mut W,
+    opt: u32,
+    data: &[u8],
+    export: &Export,
+    session: &mut Session,
+) -> io::Result<()> {
+    let list = opt == OPT_LIST_META_CONTEXT;
+    if !list {
+        session.base_allocation = false;
+    }
+    if !list && !session.structured {
+        return opt_reply(
+            w,
+            opt,
+            REP_ERR_INVALID,
+            b"negotiate NBD_OPT_STRUCTURED_REPLY first",
+        );
+    }
+    let m = match meta::parse_meta_option(data) {
+        Ok(m) => m,
+        Err(e) => return opt_reply(w, opt, REP_ERR_INVALID, e.to_string().as_bytes()),
+    };
+    if !export.matches(&m.name) {
+        return opt_reply(w, opt, REP_ERR_UNKNOWN, b"no such export");
+    }
+    let found = meta::selects_base_allocation(&m.queries, list);
+    if found {
+        // LIST replies carry id 0 (reserved), SET replies the id BLOCK_STATUS will use.
+        let id = if list { 0 } else { BASE_ALLOCATION_ID };
+        let mut d = id.to_be_bytes().to_vec();
+        d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        opt_reply(w, opt, REP_META_CONTEXT, &d)?;
+    }
+    if !list {
+        session.base_allocation = found;
+    }
+    opt_reply(w, opt, REP_ACK, &[])
 }
 
 fn info_block_size() -> [u8; 14] {
@@ -281,8 +384,8 @@ fn io_err(what: &str) -> impl FnOnce(io::Error) -> BlkError + '_ {
 /// How the handshake ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handshake {
-    /// The client selected the export: go on to transmission.
-    Transmission,
+    /// The client selected the export: go on to transmission with what it negotiated.
+    Transmission(Session),
     /// The client aborted or left cleanly.
     Closed,
 }
@@ -307,6 +410,7 @@ pub fn handshake<R: Read, W: Write>(
         return Err(proto(format!("unknown client flags {client_flags:#x}")));
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut session = Session::default();
     let mut data = Vec::new();
     loop {
         let mut h = [0u8; 16];
@@ -328,6 +432,10 @@ pub fn handshake<R: Read, W: Write>(
             if skipped != u64::from(len) || opt == OPT_EXPORT_NAME {
                 return Err(proto("oversized option"));
             }
+            if opt == OPT_SET_META_CONTEXT {
+                // A failed SET still replaces the selection.
+                session.base_allocation = false;
+            }
             opt_reply(w, opt, REP_ERR_TOO_BIG, b"option too large")
                 .map_err(io_err("option reply"))?;
             w.flush().map_err(io_err("option reply"))?;
@@ -343,11 +451,11 @@ pub fn handshake<R: Read, W: Write>(
                 }
                 let mut b = [0u8; 10 + 124];
                 b[0..8].copy_from_slice(&export.size.to_be_bytes());
-                b[8..10].copy_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                b[8..10].copy_from_slice(&session.transmission_flags().to_be_bytes());
                 let n = if no_zeroes { 10 } else { 10 + 124 };
                 w.write_all(&b[..n]).map_err(io_err("export reply"))?;
                 w.flush().map_err(io_err("export reply"))?;
-                return Ok(Handshake::Transmission);
+                return Ok(Handshake::Transmission(session));
             }
             OPT_ABORT => {
                 // Best effort: the client may already have gone.
@@ -373,7 +481,8 @@ pub fn handshake<R: Read, W: Write>(
                 }
                 Some(info) => {
                     let mut send = || -> io::Result<()> {
-                        opt_reply(w, opt, REP_INFO, &info_export(export.size))?;
+                        let flags = session.transmission_flags();
+                        opt_reply(w, opt, REP_INFO, &info_export(export.size, flags))?;
                         opt_reply(w, opt, REP_INFO, &info_block_size())?;
                         if info.requests.contains(&INFO_NAME) {
                             let mut d = INFO_NAME.to_be_bytes().to_vec();
@@ -390,10 +499,26 @@ pub fn handshake<R: Read, W: Write>(
                     send().map_err(io_err("option reply"))?;
                     if opt == OPT_GO {
                         w.flush().map_err(io_err("option reply"))?;
-                        return Ok(Handshake::Transmission);
+                        return Ok(Handshake::Transmission(session));
                     }
                 }
             },
+            OPT_STRUCTURED_REPLY => if data.is_empty() {
+                session.structured = true;
+                opt_reply(w, opt, REP_ACK, &[])
+            } else {
+                opt_reply(
+                    w,
+                    opt,
+                    REP_ERR_INVALID,
+                    b"NBD_OPT_STRUCTURED_REPLY takes no data",
+                )
+            }
+            .map_err(io_err("option reply"))?,
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                meta_context_option(w, opt, &data, export, &mut session)
+                    .map_err(io_err("option reply"))?
+            }
             OPT_STARTTLS => opt_reply(w, opt, REP_ERR_UNSUP, b"TLS is not supported")
                 .map_err(io_err("option reply"))?,
             _ => opt_reply(w, opt, REP_ERR_UNSUP, b"unsupported option")
@@ -420,14 +545,100 @@ fn simple_reply<W: Write>(w: &mut W, error: u32, cookie: u64, data: &[u8]) -> io
     w.flush()
 }
 
+/// Writes a structured reply chunk header; `len` payload bytes must follow.
+fn chunk_header<W: Write>(
+    w: &mut W,
+    flags: u16,
+    kind: u16,
+    cookie: u64,
+    len: u32,
+) -> io::Result<()> {
+    let mut h = [0u8; 20];
+    h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
+    h[6..8].copy_from_slice(&kind.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h[16..20].copy_from_slice(&len.to_be_bytes());
+    w.write_all(&h)
+}
+
+/// The final error chunk of a structured reply: NBD_REPLY_TYPE_ERROR_OFFSET when the failing
+/// offset is known, else NBD_REPLY_TYPE_ERROR, with a message for the user.
+fn error_chunk<W: Write>(
+    w: &mut W,
+    cookie: u64,
+    errno: u32,
+    msg: &str,
+    offset: Option<u64>,
+) -> io::Result<()> {
+    // At most 4096 bytes (the spec's string limit), cut at a character boundary.
+    let mut n = msg.len().min(meta::MAX_STRING);
+    while !msg.is_char_boundary(n) {
+        n -= 1;
+    }
+    let msg = &msg.as_bytes()[..n];
+    let (kind, extra) = match offset {
+        Some(_) => (REPLY_TYPE_ERROR_OFFSET, 8),
+        None => (REPLY_TYPE_ERROR, 0),
+    };
+    chunk_header(
+        w,
+        REPLY_FLAG_DONE,
+        kind,
+        cookie,
+        (6 + msg.len() + extra) as u32,
+    )?;
+    w.write_all(&errno.to_be_bytes())?;
+    w.write_all(&(msg.len() as u16).to_be_bytes())?;
+    w.write_all(msg)?;
+    if let Some(o) = offset {
+        w.write_all(&o.to_be_bytes())?;
+    }
+    w.flush()
+}
+
+/// An error reply: a structured error chunk when structured replies are negotiated (required
+/// for READ, preferred by the spec for the rest because it carries a message), else simple.
+fn error_reply<W: Write>(
+    w: &mut W,
+    session: &Session,
+    cookie: u64,
+    errno: u32,
+    msg: &str,
+) -> io::Result<()> {
+    if session.structured {
+        error_chunk(w, cookie, errno, msg, None)
+    } else {
+        simple_reply(w, errno, cookie, &[])
+    }
+}
+
+/// The message sent with a request refused by [`Request::validate`].
+fn refusal_message(req: &Request, errno: u32) -> &'static str {
+    match (errno, req.kind) {
+        (EOVERFLOW, _) => "request length over the maximum payload",
+        (ENOSPC, _) => "write past the end of the device",
+        (_, CMD_BLOCK_STATUS) => {
+            "block status needs base:allocation negotiated, a nonzero length and a range inside the device"
+        }
+        (_, CMD_READ | CMD_WRITE | CMD_TRIM | CMD_CACHE | CMD_WRITE_ZEROES | CMD_FLUSH) => {
+            "invalid flags or range"
+        }
+        _ => "unknown command",
+    }
+}
+
 /// Serves requests until the client disconnects (NBD_CMD_DISC or EOF). A bad request magic or a
 /// write larger than [`MAX_PAYLOAD`] closes the connection (the payload cannot be trusted);
 /// everything else gets an error reply and the connection goes on. Payloads move in chunks of
 /// [`CHUNK`] bytes, so a connection holds at most one chunk whatever the request length.
+/// Without structured replies every reply is simple; with them, READ and BLOCK_STATUS replies
+/// and all errors are structured, other successes stay simple (as nbdkit does).
 pub fn transmission<R: Read, W: Write>(
     r: &mut R,
     w: &mut W,
     store: &PageStore,
+    session: &Session,
 ) -> Result<(), BlkError> {
     let size = store.size();
     let mut buf: Vec<u8> = Vec::new();
@@ -443,11 +654,12 @@ pub fn transmission<R: Read, W: Write>(
             return Ok(());
         }
         let len = req.len as usize;
-        if let Some(errno) = req.validate(size) {
+        if let Some(errno) = req.validate(size, session) {
             store.count_invalid();
+            let msg = refusal_message(&req, errno);
             if req.has_payload() {
                 if req.len > MAX_PAYLOAD {
-                    let _ = simple_reply(w, errno, req.cookie, &[]);
+                    let _ = error_reply(w, session, req.cookie, errno, msg);
                     return Err(proto(format!(
                         "write of {} bytes exceeds the maximum",
                         req.len
@@ -459,10 +671,14 @@ pub fn transmission<R: Read, W: Write>(
                     return Ok(());
                 }
             }
-            simple_reply(w, errno, req.cookie, &[]).map_err(io_err("reply"))?;
+            error_reply(w, session, req.cookie, errno, msg).map_err(io_err("reply"))?;
             continue;
         }
         let result = match req.kind {
+            CMD_READ if session.structured => {
+                structured_read(w, store, &req, &mut buf)?;
+                continue;
+            }
             CMD_READ => {
                 // Served in chunks of at most CHUNK bytes, so a connection never holds more
                 // than one chunk whatever the request length. The reply header goes out with
@@ -511,16 +727,96 @@ pub fn transmission<R: Read, W: Write>(
                 u64::from(req.len),
                 req.flags & CMD_FLAG_NO_HOLE != 0,
             ),
+            CMD_BLOCK_STATUS => {
+                block_status(w, store, &req, &mut buf).map_err(io_err("reply"))?;
+                continue;
+            }
             // validate() lets only the kinds above through.
             _ => Ok(()),
         };
-        let errno = match &result {
-            Ok(()) => 0,
+        match &result {
+            Ok(()) => simple_reply(w, 0, req.cookie, &[]),
             Err(e) => {
                 tracing::debug!("request {:?} failed: {e}", req);
-                e.errno()
+                error_reply(w, session, req.cookie, e.errno(), &e.to_string())
             }
-        };
-        simple_reply(w, errno, req.cookie, &[]).map_err(io_err("reply"))?;
+        }
+        .map_err(io_err("reply"))?;
     }
+}
+
+/// A READ answered with structured replies: one NBD_REPLY_TYPE_OFFSET_DATA chunk per piece of
+/// at most [`CHUNK`] bytes, each read from the store before its header is sent, the last one
+/// flagged DONE. A piece that fails ends the reply with an NBD_REPLY_TYPE_ERROR_OFFSET chunk at
+/// its offset (the pieces before it are valid), and the connection goes on. A read of length 0
+/// gets a lone NBD_REPLY_TYPE_NONE.
+fn structured_read<W: Write>(
+    w: &mut W,
+    store: &PageStore,
+    req: &Request,
+    buf: &mut Vec<u8>,
+) -> Result<(), BlkError> {
+    let len = req.len as usize;
+    if len == 0 {
+        chunk_header(w, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0)
+            .and_then(|_| w.flush())
+            .map_err(io_err("reply"))?;
+        return Ok(());
+    }
+    let mut done = 0usize;
+    while done < len {
+        let n = (len - done).min(CHUNK);
+        let offset = req.offset + done as u64;
+        buf.resize(n, 0);
+        if let Err(e) = store.read(offset, &mut buf[..n]) {
+            tracing::debug!("request {:?} failed: {e}", req);
+            error_chunk(w, req.cookie, e.errno(), &e.to_string(), Some(offset))
+                .map_err(io_err("reply"))?;
+            return Ok(());
+        }
+        let flags = if done + n == len { REPLY_FLAG_DONE } else { 0 };
+        let mut send = || -> io::Result<()> {
+            chunk_header(w, flags, REPLY_TYPE_OFFSET_DATA, req.cookie, 8 + n as u32)?;
+            w.write_all(&offset.to_be_bytes())?;
+            w.write_all(&buf[..n])
+        };
+        send().map_err(io_err("reply"))?;
+        done += n;
+    }
+    w.flush().map_err(io_err("reply"))
+}
+
+/// A BLOCK_STATUS reply for `base:allocation`: one NBD_REPLY_TYPE_BLOCK_STATUS chunk (DONE)
+/// with the descriptors from [`extents`]; with REQ_ONE exactly one descriptor. `buf` is reused
+/// for the payload.
+fn block_status<W: Write>(
+    w: &mut W,
+    store: &PageStore,
+    req: &Request,
+    buf: &mut Vec<u8>,
+) -> io::Result<()> {
+    let max = if req.flags & CMD_FLAG_REQ_ONE != 0 {
+        1
+    } else {
+        MAX_EXTENTS
+    };
+    let ext = extents(req.offset, req.len, max, |page, pages| {
+        let (state, n) = store.page_run(page, pages);
+        (allocation_flags(state), n)
+    });
+    buf.clear();
+    buf.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+    for (len, flags) in &ext {
+        buf.extend_from_slice(&len.to_be_bytes());
+        buf.extend_from_slice(&flags.to_be_bytes());
+    }
+    chunk_header(
+        w,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        req.cookie,
+        buf.len() as u32,
+    )?;
+    w.write_all(buf)?;
+    w.flush()
 }

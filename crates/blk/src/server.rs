@@ -90,14 +90,14 @@ pub fn serve_connection<S: Conn>(
         .map_err(|e| BlkError::io("socket clone", e))?;
     let mut r = BufReader::with_capacity(64 * 1024, reader);
     let mut w = BufWriter::with_capacity(64 * 1024, stream);
-    match nbd::handshake(&mut r, &mut w, export)? {
+    let session = match nbd::handshake(&mut r, &mut w, export)? {
         Handshake::Closed => return Ok(()),
-        Handshake::Transmission => {}
-    }
+        Handshake::Transmission(session) => session,
+    };
     r.get_ref()
         .set_timeout(None)
         .map_err(|e| BlkError::io("socket timeout", e))?;
-    nbd::transmission(&mut r, &mut w, store)
+    nbd::transmission(&mut r, &mut w, store, &session)
 }
 
 fn spawn_connection<S: Conn>(

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use compfs_blk::{BlkError, Config, PageKind, PageStore, HUGE_THRESHOLD, PAGE};
+use compfs_blk::{BlkError, Config, PageKind, PageState, PageStore, HUGE_THRESHOLD, PAGE};
 use compfs_codec::{CodecSpec, Compressor};
 use proptest::prelude::*;
 
@@ -459,7 +459,19 @@ proptest! {
             prop_assert!(st.compr_data_size <= st.orig_data_size);
             prop_assert!(st.same_pages * PAGE as u64 <= st.orig_data_size);
         }
-        prop_assert_eq!(read_all(&s), model);
+        prop_assert_eq!(&read_all(&s), &model);
+        // Block status agrees with the bytes: data pages hold a nonzero byte (a page of zeros
+        // is always stored same-filled), zero and unwritten pages read as zeros; runs agree.
+        for p in 0..MODEL_PAGES {
+            let bytes = &model[(p * PAGE as u64) as usize..((p + 1) * PAGE as u64) as usize];
+            let st = s.page_state(p);
+            prop_assert_eq!(st == PageState::Data, bytes.iter().any(|&b| b != 0), "page {}", p);
+            let (run_state, n) = s.page_run(p, MODEL_PAGES - p);
+            prop_assert!(n >= 1 && n <= MODEL_PAGES - p);
+            for q in p..p + n {
+                prop_assert_eq!(s.page_state(q), run_state);
+            }
+        }
         // Freeing everything returns all memory.
         s.trim(0, s.size()).unwrap();
         s.compact();
@@ -497,4 +509,34 @@ fn read_all_sparse(s: &PageStore, page: u64) -> bool {
     let mut b = vec![1u8; PAGE];
     s.read(page * PAGE as u64, &mut b).unwrap();
     b.iter().all(|&x| x == 0)
+}
+
+#[test]
+fn page_runs_answer_for_unwritten_128_mib_groups() {
+    // 2.5 groups of 32,768 pages (128 MiB each).
+    let g = 32_768u64;
+    let pages = 2 * g + g / 2;
+    let s = store(pages, "lz4", &[], 0);
+    assert_eq!(s.page_run(0, u64::MAX), (PageState::Unwritten, g));
+    assert_eq!(s.page_run(5, 10), (PageState::Unwritten, 10));
+    // The last group is cut at the end of the device; past the end is unwritten.
+    assert_eq!(
+        s.page_run(2 * g + 1, u64::MAX),
+        (PageState::Unwritten, g / 2 - 1)
+    );
+    assert_eq!(s.page_state(pages), PageState::Unwritten);
+    // One page written in group 1: that group is looked at page by page.
+    s.write((g + 77) * PAGE as u64, &text_page(1)).unwrap();
+    s.write((g + 78) * PAGE as u64, &[0u8; PAGE]).unwrap();
+    assert_eq!(s.page_run(g, u64::MAX), (PageState::Unwritten, 1));
+    assert_eq!(s.page_run(g + 77, u64::MAX), (PageState::Data, 1));
+    assert_eq!(s.page_run(g + 78, u64::MAX), (PageState::Zero, 1));
+    assert_eq!(s.page_run(0, u64::MAX), (PageState::Unwritten, g));
+    assert_eq!(s.page_run(2 * g, u64::MAX), (PageState::Unwritten, g / 2));
+    // Trimmed pages are unwritten again (their chunk stays allocated).
+    s.trim((g + 77) * PAGE as u64, PAGE as u64).unwrap();
+    assert_eq!(s.page_run(g + 77, u64::MAX), (PageState::Unwritten, 1));
+    s.write_zeroes((g + 78) * PAGE as u64, PAGE as u64, false)
+        .unwrap();
+    assert_eq!(s.page_state(g + 78), PageState::Unwritten);
 }

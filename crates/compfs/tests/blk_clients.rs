@@ -365,6 +365,101 @@ fn mem_limit_fails_writes_with_enospc_and_server_stays_healthy() {
     assert!(io[1] >= 1, "failed_writes");
 }
 
+/// Bytes the file really occupies on disk.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// `nbdinfo --map` lines as (offset, length, type).
+fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, u32)> {
+    let o = run(Command::new("nbdinfo").args(["--map", uri]));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Block status through real clients: nbdinfo --map shows holes where nothing was written,
+/// zeros where zeros were written, data elsewhere; nbdcopy and qemu-img convert copy a
+/// mostly-empty device to sparse files with the right bytes.
+#[test]
+fn block_status_map_and_sparse_copies() {
+    if !have("qemu-io") || !have("nbdinfo") || !have("nbdcopy") || !have("qemu-img") {
+        return;
+    }
+    const M: u64 = 1 << 20;
+    let mut s = Server::start("map", &["--size", "128M", "--algo", "lz4"]);
+    let text = text_bytes(M as usize, 5);
+    let file = s.dir.join("text.bin");
+    std::fs::write(&file, &text).unwrap();
+    let f = file.display();
+    let o = qemu_io(
+        &s.uri(),
+        &[
+            &format!("write -s {f} 0 1M"),
+            "write -z 50M 1M", // WRITE_ZEROES with NO_HOLE: allocated zero pages
+            "write -P 0 60M 128k", // zeros written as data: same-filled zero pages
+            "write -P 0x5a 100M 64k", // same-filled, nonzero: data
+            &format!("write -s {f} 120M 1M"),
+            "discard 120M 512k", // trimmed back to holes
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json =
+        String::from_utf8(run(Command::new("nbdinfo").args(["--json", &s.uri()])).stdout).unwrap();
+    for want in [
+        "\"structured\": true",
+        "\"base:allocation\"",
+        "\"can_df\": true",
+    ] {
+        assert!(json.contains(want), "{want} missing in {json}");
+    }
+    let (data, zero, hole) = (0, 2, 3);
+    assert_eq!(
+        nbdinfo_map(&s.uri()),
+        vec![
+            (0, M, data),
+            (M, 49 * M, hole),
+            (50 * M, M, zero),
+            (51 * M, 9 * M, hole),
+            (60 * M, M / 8, zero),
+            (60 * M + M / 8, 40 * M - M / 8, hole),
+            (100 * M, M / 16, data),
+            (100 * M + M / 16, 20 * M + M / 2 - M / 16, hole),
+            (120 * M + M / 2, M / 2, data),
+            (121 * M, 7 * M, hole),
+        ]
+    );
+    let mut want = vec![0u8; 128 * M as usize];
+    want[..M as usize].copy_from_slice(&text);
+    want[100 * M as usize..(100 * M + M / 16) as usize].fill(0x5a);
+    want[(120 * M + M / 2) as usize..121 * M as usize].copy_from_slice(&text[M as usize / 2..]);
+    // 1.5625 MiB of data in a 128 MiB device: the copies must be sparse.
+    let out = s.dir.join("nbdcopy.img");
+    run(Command::new("nbdcopy").args([&s.uri(), out.to_str().unwrap()]));
+    let out2 = s.dir.join("qemu-img.img");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &s.uri()])
+        .arg(&out2));
+    for o in [&out, &out2] {
+        let got = std::fs::read(o).unwrap();
+        assert!(got == want, "{} differs from the device", o.display());
+        let used = allocated(o);
+        eprintln!("{}: {used} bytes allocated of {}", o.display(), got.len());
+        assert!(used <= 4 * M, "{} is not sparse: {used} bytes", o.display());
+    }
+    assert!(s.alive());
+}
+
 #[test]
 fn nbdcopy_in_and_out_byte_identical_and_tcp() {
     if !have("nbdcopy") || !have("zstd") {

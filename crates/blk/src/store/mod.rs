@@ -61,6 +61,17 @@ impl std::fmt::Display for PageKind {
     }
 }
 
+/// What a page holds, as block status reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// Never written, trimmed or zeroed into a hole: reads as zeros and costs nothing.
+    Unwritten,
+    /// Allocated, known to read as zeros (a same-filled page of zero words).
+    Zero,
+    /// Anything else (compressed, huge, same-filled nonzero, or written back).
+    Data,
+}
+
 /// How the store is set up.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -317,6 +328,40 @@ impl PageStore {
             pos += n as u64;
         }
         Ok(())
+    }
+
+    /// What page `page` holds (block status). Does not count as an access: the idle mark stays.
+    /// A page past the end is reported unwritten (callers check the range first).
+    pub fn page_state(&self, page: u64) -> PageState {
+        if page >= self.pages {
+            return PageState::Unwritten;
+        }
+        let (shard, idx) = self.shard(page);
+        match lock(shard)[idx] {
+            Entry::Empty => PageState::Unwritten,
+            Entry::Same { word, .. } if word == [0u8; 8] => PageState::Zero,
+            _ => PageState::Data,
+        }
+    }
+
+    /// The state of page `page` and how many pages from it (at least 1, at most `max`) are
+    /// known to share it. Pages `g * G .. (g + 1) * G` with `G = SHARDS * CHUNK_ENTRIES` (128 MiB)
+    /// live in chunk `g` of every shard, so when no shard ever allocated that chunk the whole
+    /// group is unwritten and one look at 64 shards answers for 32,768 pages; otherwise one page.
+    pub fn page_run(&self, page: u64, max: u64) -> (PageState, u64) {
+        const GROUP: u64 = (SHARDS * CHUNK_ENTRIES) as u64;
+        let max = max.max(1);
+        let group = page / GROUP;
+        if page < self.pages
+            && self
+                .shards
+                .iter()
+                .all(|s| lock(s).chunk_unallocated(group as usize))
+        {
+            let end = ((group + 1) * GROUP).min(self.pages);
+            return (PageState::Unwritten, (end - page).min(max));
+        }
+        (self.page_state(page), 1)
     }
 
     /// Calls `f(page, offset_in_page, range_in_buffer)` for each page the range covers.

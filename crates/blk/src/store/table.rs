@@ -97,6 +97,11 @@ impl Table {
             })
     }
 
+    /// Whether chunk `chunk` has never been allocated (all its pages are then Empty).
+    pub(super) fn chunk_unallocated(&self, chunk: usize) -> bool {
+        matches!(self.chunks.get(chunk), Some(None) | None)
+    }
+
     pub(super) fn bytes(&self) -> u64 {
         (self.allocated * CHUNK_ENTRIES * std::mem::size_of::<Entry>()
             + self.chunks.capacity() * std::mem::size_of::<Option<Box<[Entry]>>>()) as u64
