@@ -9,12 +9,14 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Bound;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
+
+use crate::powercut::PowerCut;
 
 /// One open segment file.
 pub trait SegFile: Send + Sync {
@@ -184,17 +186,36 @@ struct FaultState {
     fired: u64,
 }
 
-/// A [`Backend`] that forwards to [`StdBackend`] and injects one armed [`Fault`].
+/// A [`Backend`] that forwards to [`StdBackend`] and injects one armed [`Fault`]; with a
+/// [`PowerCut`], it also records every operation for simulated power cuts.
 #[derive(Clone, Default)]
 pub struct FaultBackend {
     state: Arc<Mutex<FaultState>>,
     writes: Arc<AtomicU64>,
     syncs: Arc<AtomicU64>,
+    cut: Option<PowerCut>,
 }
 
 impl FaultBackend {
     pub fn new() -> FaultBackend {
         FaultBackend::default()
+    }
+
+    /// A backend that records every operation of segment files and (given as
+    /// [`Tuning::meta_faults`](crate::Tuning::meta_faults)) of `meta.redb` in `cut`, which
+    /// takes power-cut images of the store (see [`crate::powercut`]). Faults can be armed too.
+    pub fn with_power_cut(cut: PowerCut) -> FaultBackend {
+        FaultBackend {
+            cut: Some(cut),
+            ..FaultBackend::default()
+        }
+    }
+
+    /// Numbers an operation for the power-cut recorder (a cut may fall before it).
+    fn begin(&self) {
+        if let Some(c) = &self.cut {
+            c.begin();
+        }
     }
 
     /// Arms `fault`; operation counts start from zero now.
@@ -284,6 +305,13 @@ fn faulty(fault: Option<FaultKind>, op: impl FnOnce() -> io::Result<()>) -> io::
 struct FaultFile {
     inner: Arc<dyn SegFile>,
     backend: FaultBackend,
+    path: PathBuf,
+}
+
+impl FaultFile {
+    fn cut(&self) -> Option<&PowerCut> {
+        self.backend.cut.as_ref()
+    }
 }
 
 impl SegFile for FaultFile {
@@ -294,45 +322,79 @@ impl SegFile for FaultFile {
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.backend.writes.fetch_add(1, Ordering::Relaxed);
+        self.backend.begin();
         faulty_write(self.backend.check(FaultOp::Write), buf, |b| {
-            self.inner.write_all_at(b, offset)
+            self.inner.write_all_at(b, offset)?;
+            if let Some(c) = self.cut() {
+                c.wrote(Some(&self.path), offset, b);
+            }
+            Ok(())
         })
     }
     fn sync_data(&self) -> io::Result<()> {
         self.backend.syncs.fetch_add(1, Ordering::Relaxed);
-        faulty(self.backend.check(FaultOp::Sync), || self.inner.sync_data())
+        self.backend.begin();
+        let n = self.cut().map(|c| c.sync_start(Some(&self.path)));
+        faulty(self.backend.check(FaultOp::Sync), || self.inner.sync_data())?;
+        if let (Some(c), Some(n)) = (self.cut(), n) {
+            c.synced(Some(&self.path), n);
+        }
+        Ok(())
     }
     fn size(&self) -> io::Result<u64> {
         self.inner.size()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.backend.begin();
         faulty(self.backend.check(FaultOp::SetLen), || {
             self.inner.set_len(len)
-        })
+        })?;
+        if let Some(c) = self.cut() {
+            c.resized(Some(&self.path), len);
+        }
+        Ok(())
     }
 }
 
 impl Backend for FaultBackend {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>> {
+        self.begin();
         if let Some(k) = self.check(FaultOp::Create) {
             return Err(fault_error(k));
         }
+        let inner = StdBackend.create(path)?;
+        if let Some(c) = &self.cut {
+            c.created(path);
+        }
         Ok(Arc::new(FaultFile {
-            inner: StdBackend.create(path)?,
+            inner,
             backend: self.clone(),
+            path: path.to_path_buf(),
         }))
     }
     fn open(&self, path: &Path, write: bool) -> io::Result<Arc<dyn SegFile>> {
         Ok(Arc::new(FaultFile {
             inner: StdBackend.open(path, write)?,
             backend: self.clone(),
+            path: path.to_path_buf(),
         }))
     }
     fn remove(&self, path: &Path) -> io::Result<()> {
-        StdBackend.remove(path)
+        self.begin();
+        StdBackend.remove(path)?;
+        if let Some(c) = &self.cut {
+            c.removed(path);
+        }
+        Ok(())
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        StdBackend.sync_dir(path)
+        self.begin();
+        let n = self.cut.as_ref().map(|c| c.dir_sync_start(path));
+        StdBackend.sync_dir(path)?;
+        if let (Some(c), Some(n)) = (&self.cut, n) {
+            c.dir_synced(path, n);
+        }
+        Ok(())
     }
 }
 
@@ -374,18 +436,34 @@ impl StorageBackend for MetaFile {
         })
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.faults.begin();
         faulty(self.faults.check(FaultOp::SetLen), || {
             self.inner.set_len(len)
-        })
+        })?;
+        if let Some(c) = &self.faults.cut {
+            c.resized(None, len);
+        }
+        Ok(())
     }
     fn sync_data(&self) -> io::Result<()> {
         self.faults.syncs.fetch_add(1, Ordering::Relaxed);
-        faulty(self.faults.check(FaultOp::Sync), || self.inner.sync_data())
+        self.faults.begin();
+        let n = self.faults.cut.as_ref().map(|c| c.sync_start(None));
+        faulty(self.faults.check(FaultOp::Sync), || self.inner.sync_data())?;
+        if let (Some(c), Some(n)) = (&self.faults.cut, n) {
+            c.synced(None, n);
+        }
+        Ok(())
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.faults.writes.fetch_add(1, Ordering::Relaxed);
+        self.faults.begin();
         faulty_write(self.faults.check(FaultOp::Write), data, |d| {
-            self.inner.write(offset, d)
+            self.inner.write(offset, d)?;
+            if let Some(c) = &self.faults.cut {
+                c.wrote(None, offset, d);
+            }
+            Ok(())
         })
     }
     fn close(&self) -> io::Result<()> {

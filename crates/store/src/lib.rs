@@ -35,6 +35,7 @@ mod gc;
 mod meta;
 mod namespace;
 mod pool;
+pub mod powercut;
 mod store;
 mod types;
 
