@@ -12,7 +12,7 @@ use compfs_codec::{CodecSpec, Mode};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::attrs::{write_patches, Patches};
-use crate::backend::{Backend, FaultBackend, MetaFile, SegFile, StdBackend};
+use crate::backend::{Backend, FaultBackend, MetaFile, SegFile, SegSync, StdBackend};
 use crate::cache::Lru;
 
 /// Number of [`Inner::loading`] stripes.
@@ -112,9 +112,6 @@ pub(crate) struct SegWriter {
     pub pins: HashMap<u64, u32>,
 }
 
-/// A segment with unsynced bytes and the generation of its last append.
-pub(crate) type Unsynced = (Arc<dyn SegFile>, u64);
-
 pub(crate) struct Inner {
     pub dir: PathBuf,
     pub seg_dir: PathBuf,
@@ -135,11 +132,11 @@ pub(crate) struct Inner {
     /// metadata snapshot to the end of their segment reads; GC deletes files under the write
     /// lock, so a reader never finds its segment gone.
     pub seg_barrier: RwLock<()>,
-    /// Segments with appended bytes not yet `fdatasync`ed.
     /// Segments with appended bytes not yet `fdatasync`ed, each with a generation that every
     /// append bumps (the segment syncer retires an entry only if no append came after the
-    /// generation it synced).
-    pub unsynced: Mutex<HashMap<u64, Unsynced>>,
+    /// generation it synced). Shared with `meta.redb`'s [`MetaFile`], which syncs them before
+    /// writing redb's header (see [`SegSync`]).
+    pub unsynced: Arc<SegSync>,
     /// Bytes appended since the segment syncer was last woken.
     pub unsynced_bytes: AtomicU64,
     /// Wakes the segment syncer (see `segsync_loop`).
@@ -254,14 +251,16 @@ pub(crate) fn read_superblock(dir: &Path) -> Result<Superblock> {
 /// Opens the metadata database after checking that it is one (redb may write to a file it
 /// opens, so a foreign file is rejected before redb sees it).
 pub(crate) fn open_db(dir: &Path) -> Result<Database> {
-    open_db_with(dir, None, None)
+    open_db_with(dir, None, None, None)
 }
 
-/// [`open_db`] with `faults` injected into redb's I/O of the file (see [`meta_db`]).
+/// [`open_db`] with `faults` injected into redb's I/O of the file and the segments of `gate`
+/// synced before redb writes its header (see [`meta_db`]).
 pub(crate) fn open_db_with(
     dir: &Path,
     faults: Option<&FaultBackend>,
     cache: Option<usize>,
+    gate: Option<Arc<SegSync>>,
 ) -> Result<Database> {
     let p = dir.join(META_FILE);
     let mut head = [0u8; 9];
@@ -284,7 +283,7 @@ pub(crate) fn open_db_with(
             });
         }
     }
-    meta_db(&p, false, faults, cache).map_err(|e| match e {
+    meta_db(&p, false, faults, cache, gate).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => Error::InUse(dir.to_path_buf()),
         // A failing device (EIO, ENOSPC while redb repairs) does not make the file foreign.
         redb::DatabaseError::Storage(redb::StorageError::Io(e)) if e.raw_os_error().is_some() => {
@@ -297,31 +296,30 @@ pub(crate) fn open_db_with(
     })
 }
 
-/// Opens (with `create`: creates) the redb database `p`. Without faults this is redb's own
-/// `Builder::open`/`create`, so the normal I/O path is exactly redb's. With faults the file goes
-/// through [`MetaFile`], which forwards redb's lock calls to redb's `FileBackend`: the lock is
-/// the same either way, so a second open of a store in use still fails with
-/// `DatabaseAlreadyOpen` ([`Error::InUse`]; tested in `tests/meta_faults.rs`).
+/// Opens (with `create`: creates) the redb database `p`. The file goes through [`MetaFile`]:
+/// redb's own `FileBackend`, with the segments of `gate` synced before any write of redb's
+/// header (so no commit redb can come back at references unsynced segment bytes) and, in
+/// tests, `faults`. It forwards redb's lock calls to the `FileBackend`, so a second open of a
+/// store in use fails with `DatabaseAlreadyOpen` ([`Error::InUse`]; tested in
+/// `tests/meta_faults.rs`).
 fn meta_db(
     p: &Path,
     create: bool,
     faults: Option<&FaultBackend>,
     cache: Option<usize>,
+    gate: Option<Arc<SegSync>>,
 ) -> std::result::Result<Database, redb::DatabaseError> {
     let mut b = Database::builder();
     if let Some(c) = cache {
         b.set_cache_size(c);
     }
-    let Some(faults) = faults else {
-        return if create { b.create(p) } else { b.open(p) };
-    };
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(create)
         .truncate(false)
         .open(p)?;
-    b.create_with_backend(MetaFile::new(f, faults.clone())?)
+    b.create_with_backend(MetaFile::new(f, faults.cloned(), gate)?)
 }
 
 /// Checks that the metadata belongs to the superblock's store.
@@ -406,6 +404,7 @@ impl Store {
                 true,
                 tuning.meta_faults.as_ref(),
                 tuning.meta_cache,
+                None,
             )?;
             let txn = db.begin_write()?;
             {
@@ -460,9 +459,17 @@ impl Store {
 
     /// [`Store::open`] with [`Tuning`] (its `segment_size` and `inline_max` are ignored: the
     /// superblock's values apply).
-    pub fn open_tuned(dir: &Path, opts: &OpenOptions, tuning: Tuning) -> Result<Store> {
+    pub fn open_tuned(dir: &Path, opts: &OpenOptions, mut tuning: Tuning) -> Result<Store> {
         let sb = read_superblock(dir)?;
-        let db = open_db_with(dir, tuning.meta_faults.as_ref(), tuning.meta_cache)?;
+        // Every segment sync is watched (a failure fences redb's header, see `SegSync`).
+        let seg_sync = Arc::new(SegSync::default());
+        tuning.backend = seg_sync.watch(tuning.backend.clone());
+        let db = open_db_with(
+            dir,
+            tuning.meta_faults.as_ref(),
+            tuning.meta_cache,
+            Some(seg_sync.clone()),
+        )?;
         check_identity(dir, &db, &sb)?;
         let seg_dir = dir.join(SEGMENT_DIR);
         // Segment ids continue after every id in the metadata or on disk.
@@ -505,7 +512,7 @@ impl Store {
                 pins: HashMap::new(),
             }),
             seg_barrier: RwLock::new(()),
-            unsynced: Mutex::new(HashMap::new()),
+            unsynced: seg_sync,
             unsynced_bytes: AtomicU64::new(0),
             segsync: Mutex::new(None),
             seg_handles: Mutex::new(HashMap::new()),
@@ -808,7 +815,7 @@ impl Inner {
     /// Notes that segment `id` has appended bytes not yet synced.
     pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>, bytes: u64) {
         {
-            let mut u = lock(&self.unsynced);
+            let mut u = lock(&self.unsynced.files);
             let e = u.entry(id).or_insert((f, 0));
             e.1 += 1;
         }
@@ -826,17 +833,18 @@ impl Inner {
     /// One pass of the segment syncer: `fdatasync`s every segment with unsynced bytes without
     /// holding any lock, then forgets those that took no append meanwhile.
     fn sync_segments_background(&self) {
-        let files: Vec<(u64, Arc<dyn SegFile>, u64)> = lock(&self.unsynced)
+        let files: Vec<(u64, Arc<dyn SegFile>, u64)> = lock(&self.unsynced.files)
             .iter()
             .map(|(&id, (f, g))| (id, f.clone(), *g))
             .collect();
         for (id, f, gen) in files {
             if let Err(e) = f.sync_data() {
-                // Leave it to the next durable commit, which fails and latches read-only.
+                // Noted in `unsynced` (a watched file): the next durable commit fails and
+                // latches read-only (a second fdatasync could succeed with the bytes lost).
                 tracing::warn!("compfs background sync of segment {id} failed: {e}");
                 continue;
             }
-            let mut u = lock(&self.unsynced);
+            let mut u = lock(&self.unsynced.files);
             if u.get(&id).is_some_and(|(_, g)| *g == gen) {
                 u.remove(&id);
             }
@@ -844,13 +852,11 @@ impl Inner {
     }
 
     /// `fdatasync`s every segment with unsynced appended bytes.
+    /// Fails if any segment sync failed before (its bytes may be lost).
     pub(crate) fn sync_segments(&self) -> Result<()> {
-        let files: Vec<Arc<dyn SegFile>> =
-            lock(&self.unsynced).drain().map(|(_, (f, _))| f).collect();
-        for f in files {
-            f.sync_data().map_err(|e| self.fail(Error::from_io(e)))?;
-        }
-        Ok(())
+        self.unsynced
+            .sync_all()
+            .map_err(|e| self.fail(Error::from_io(e)))
     }
 
     /// Commits; a failure latches read-only. A durable commit first syncs every segment with
