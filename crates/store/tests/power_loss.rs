@@ -486,7 +486,7 @@ fn check_image(m: &Model, img: &CutImage, seed: u64, closed: bool, out: &mut Out
         k,
         img.mode,
         if closed {
-            ", after a failed sync and redb's close"
+            ", after a failed segment write or sync and redb's close"
         } else {
             ""
         }
@@ -540,6 +540,18 @@ fn check_image(m: &Model, img: &CutImage, seed: u64, closed: bool, out: &mut Out
         .enumerate()
         .any(|(i, (op, n))| (i == 0 || *op <= k) && *n == names);
     if !ok_names {
+        // Acknowledged files missing from the namespace are lost.
+        if let Some(a) = ack {
+            let here: Vec<Ino> = names.values().copied().collect();
+            let acked: std::collections::BTreeSet<Ino> =
+                m.names[a.names].1.values().copied().collect();
+            for ino in &acked {
+                if a.files.contains_key(ino) && !here.contains(ino) {
+                    out.acked_verified += 1;
+                    out.lost += 1;
+                }
+            }
+        }
         if std::env::var("COMPFS_POWER_DEBUG").is_ok() {
             for (op, n) in &m.names {
                 eprintln!("names at {op}: {n:?}");
