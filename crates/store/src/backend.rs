@@ -640,6 +640,48 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A write that may carry redb's header syncs every listed segment first (a page write
+    /// does not); after a failed segment sync, header writes fail and page writes go on.
+    #[test]
+    fn meta_header_writes_sync_segments_first() {
+        let t = tempfile::tempdir().unwrap();
+        let fb = FaultBackend::new();
+        let gate = Arc::new(SegSync::default());
+        let be = gate.watch(Arc::new(fb.clone()));
+        let seg = be.create(&t.path().join("s")).unwrap();
+        seg.write_all_at(b"extent", 0).unwrap();
+        gate.files.lock().unwrap().insert(1, (seg.clone(), 1));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(t.path().join("m"))
+            .unwrap();
+        let meta = MetaFile::new(f, None, Some(gate.clone())).unwrap();
+        meta.write(8192, &[1; 16]).unwrap();
+        assert_eq!(fb.counts().1, 0, "a page write synced a segment");
+        meta.write(0, &[1; 320]).unwrap();
+        assert_eq!(
+            fb.counts().1,
+            1,
+            "the header write did not sync the segment"
+        );
+        assert!(gate.files.lock().unwrap().is_empty());
+        meta.write(0, &[1; 320]).unwrap();
+        assert_eq!(fb.counts().1, 1, "nothing left to sync");
+        fb.arm(Fault {
+            op: FaultOp::Sync,
+            nth: 0,
+            kind: FaultKind::Eio,
+            sticky: false,
+        });
+        assert!(seg.sync_data().is_err());
+        assert!(gate.failed());
+        assert!(meta.write(0, &[2; 320]).is_err());
+        meta.write(8192, &[2; 16]).unwrap();
+    }
+
     /// More vectors than one `pwritev` takes, of sizes 0..3000, at an unaligned offset: the
     /// file holds exactly their concatenation, and the bytes around it are untouched.
     #[test]

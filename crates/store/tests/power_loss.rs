@@ -18,6 +18,8 @@
 //! never synced: the store must be correct under that outcome too.
 //!
 //! Default 200 cuts; `COMPFS_POWER_CUTS=N` runs N, `COMPFS_POWER_SEED=S` changes the seeds.
+//! The store's real files are synced too, so on a slow disk most of the time is `fdatasync`:
+//! `TMPDIR=/dev/shm` runs 10,000 cuts in about two minutes (release build).
 //! Prints one line: `power-loss: N cuts, M acknowledged files verified, 0 lost`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
