@@ -5,16 +5,19 @@
 //! writes, syncs and resizes of it through [`MetaFile`], a [`redb::StorageBackend`] wrapped
 //! around redb's [`FileBackend`].
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Bound;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
+
+use crate::powercut::PowerCut;
 
 /// One open segment file.
 pub trait SegFile: Send + Sync {
@@ -142,6 +145,125 @@ impl Backend for StdBackend {
     }
 }
 
+/// A segment file with unsynced bytes and the generation of its last append.
+pub(crate) type Unsynced = (Arc<dyn SegFile>, u64);
+
+/// The segment files with appended bytes not yet `fdatasync`ed, shared by a store and its
+/// [`MetaFile`], and whether a segment sync ever failed.
+///
+/// Before any write that can carry redb's file header (the only pointer to a commit, whose
+/// bytes start the file), [`MetaFile`] syncs every segment listed here: so whichever commit redb
+/// comes back at after a power cut, the last durable one or a later non-durable one that redb
+/// wrote a header for (its close does that), the segment bytes it references were synced first.
+/// After a failed segment sync the bytes may be gone even from the page cache, so from then on
+/// such writes fail: redb stays at the header it had. See docs/format.md, "What compfs assumes
+/// of the disk and of redb".
+#[derive(Default)]
+pub struct SegSync {
+    /// Segment id -> (file, generation of its last append).
+    pub(crate) files: Mutex<HashMap<u64, Unsynced>>,
+    failed: AtomicBool,
+}
+
+impl SegSync {
+    /// Whether a segment sync failed since the store was opened.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// `fdatasync`s every listed segment and forgets them; fails (EIO) if any sync ever failed.
+    pub(crate) fn sync_all(&self) -> io::Result<()> {
+        if self.failed() {
+            // EIO, as a failed fdatasync: an earlier one failed and its bytes may be lost.
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let files: Vec<Arc<dyn SegFile>> = self
+            .files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, (f, _))| f)
+            .collect();
+        for f in files {
+            f.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// `backend`, with every failed `sync_data` of its files noted here.
+    pub(crate) fn watch(self: &Arc<Self>, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        Arc::new(WatchedBackend {
+            inner: backend,
+            sync: self.clone(),
+        })
+    }
+}
+
+/// A [`Backend`] whose files note failed syncs in a [`SegSync`].
+struct WatchedBackend {
+    inner: Arc<dyn Backend>,
+    sync: Arc<SegSync>,
+}
+
+struct WatchedFile {
+    inner: Arc<dyn SegFile>,
+    sync: Arc<SegSync>,
+}
+
+impl SegFile for WatchedFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.inner.write_parts_at(parts, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        let r = self.inner.sync_data();
+        if r.is_err() {
+            self.sync.failed.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.inner.size()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+impl WatchedBackend {
+    fn wrap(&self, f: Arc<dyn SegFile>) -> Arc<dyn SegFile> {
+        Arc::new(WatchedFile {
+            inner: f,
+            sync: self.sync.clone(),
+        })
+    }
+}
+
+impl Backend for WatchedBackend {
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>> {
+        Ok(self.wrap(self.inner.create(path)?))
+    }
+    fn open(&self, path: &Path, write: bool) -> io::Result<Arc<dyn SegFile>> {
+        Ok(self.wrap(self.inner.open(path, write)?))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path)
+    }
+}
+
+/// Writes to `meta.redb` below this offset may carry redb's file header (320 bytes at offset 0
+/// in redb 4: `DB_HEADER_SIZE` in `tree_store/page_store/header.rs`; its first page starts at
+/// the page size, 4 KiB by default).
+const META_HEADER_REGION: u64 = 4096;
+
 /// Which operation a fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultOp {
@@ -184,17 +306,36 @@ struct FaultState {
     fired: u64,
 }
 
-/// A [`Backend`] that forwards to [`StdBackend`] and injects one armed [`Fault`].
+/// A [`Backend`] that forwards to [`StdBackend`] and injects one armed [`Fault`]; with a
+/// [`PowerCut`], it also records every operation for simulated power cuts.
 #[derive(Clone, Default)]
 pub struct FaultBackend {
     state: Arc<Mutex<FaultState>>,
     writes: Arc<AtomicU64>,
     syncs: Arc<AtomicU64>,
+    cut: Option<PowerCut>,
 }
 
 impl FaultBackend {
     pub fn new() -> FaultBackend {
         FaultBackend::default()
+    }
+
+    /// A backend that records every operation of segment files and (given as
+    /// [`Tuning::meta_faults`](crate::Tuning::meta_faults)) of `meta.redb` in `cut`, which
+    /// takes power-cut images of the store (see [`crate::powercut`]). Faults can be armed too.
+    pub fn with_power_cut(cut: PowerCut) -> FaultBackend {
+        FaultBackend {
+            cut: Some(cut),
+            ..FaultBackend::default()
+        }
+    }
+
+    /// Numbers an operation for the power-cut recorder (a cut may fall before it).
+    fn begin(&self) {
+        if let Some(c) = &self.cut {
+            c.begin();
+        }
     }
 
     /// Arms `fault`; operation counts start from zero now.
@@ -284,6 +425,13 @@ fn faulty(fault: Option<FaultKind>, op: impl FnOnce() -> io::Result<()>) -> io::
 struct FaultFile {
     inner: Arc<dyn SegFile>,
     backend: FaultBackend,
+    path: PathBuf,
+}
+
+impl FaultFile {
+    fn cut(&self) -> Option<&PowerCut> {
+        self.backend.cut.as_ref()
+    }
 }
 
 impl SegFile for FaultFile {
@@ -294,64 +442,119 @@ impl SegFile for FaultFile {
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.backend.writes.fetch_add(1, Ordering::Relaxed);
+        self.backend.begin();
         faulty_write(self.backend.check(FaultOp::Write), buf, |b| {
-            self.inner.write_all_at(b, offset)
+            self.inner.write_all_at(b, offset)?;
+            if let Some(c) = self.cut() {
+                c.wrote(Some(&self.path), offset, b);
+            }
+            Ok(())
         })
     }
     fn sync_data(&self) -> io::Result<()> {
         self.backend.syncs.fetch_add(1, Ordering::Relaxed);
-        faulty(self.backend.check(FaultOp::Sync), || self.inner.sync_data())
+        self.backend.begin();
+        let n = self.cut().map(|c| c.sync_start(Some(&self.path)));
+        faulty(self.backend.check(FaultOp::Sync), || self.inner.sync_data())?;
+        if let (Some(c), Some(n)) = (self.cut(), n) {
+            c.synced(Some(&self.path), n);
+        }
+        Ok(())
     }
     fn size(&self) -> io::Result<u64> {
         self.inner.size()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.backend.begin();
         faulty(self.backend.check(FaultOp::SetLen), || {
             self.inner.set_len(len)
-        })
+        })?;
+        if let Some(c) = self.cut() {
+            c.resized(Some(&self.path), len);
+        }
+        Ok(())
     }
 }
 
 impl Backend for FaultBackend {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>> {
+        self.begin();
         if let Some(k) = self.check(FaultOp::Create) {
             return Err(fault_error(k));
         }
+        let inner = StdBackend.create(path)?;
+        if let Some(c) = &self.cut {
+            c.created(path);
+        }
         Ok(Arc::new(FaultFile {
-            inner: StdBackend.create(path)?,
+            inner,
             backend: self.clone(),
+            path: path.to_path_buf(),
         }))
     }
     fn open(&self, path: &Path, write: bool) -> io::Result<Arc<dyn SegFile>> {
         Ok(Arc::new(FaultFile {
             inner: StdBackend.open(path, write)?,
             backend: self.clone(),
+            path: path.to_path_buf(),
         }))
     }
     fn remove(&self, path: &Path) -> io::Result<()> {
-        StdBackend.remove(path)
+        self.begin();
+        StdBackend.remove(path)?;
+        if let Some(c) = &self.cut {
+            c.removed(path);
+        }
+        Ok(())
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        StdBackend.sync_dir(path)
+        self.begin();
+        let n = self.cut.as_ref().map(|c| c.dir_sync_start(path));
+        StdBackend.sync_dir(path)?;
+        if let (Some(c), Some(n)) = (&self.cut, n) {
+            c.dir_synced(path, n);
+        }
+        Ok(())
     }
 }
 
-/// redb's file backend for `meta.redb` with the faults of a [`FaultBackend`]: its `read`s,
-/// `write`s, `sync_data`s and `set_len`s count as [`FaultOp::Read`], [`FaultOp::Write`],
-/// [`FaultOp::Sync`] and [`FaultOp::SetLen`]. redb's file locks go straight to the file, so a
-/// store opened with faults still refuses a second open of the same store.
+/// redb's file backend for `meta.redb`, which every open store uses:
+/// * with a [`SegSync`], a write that may carry redb's header first syncs every segment with
+///   unsynced bytes, and fails after a failed segment sync (see [`SegSync`]);
+/// * with a [`FaultBackend`] (tests), its faults: `read`s, `write`s, `sync_data`s and
+///   `set_len`s count as [`FaultOp::Read`], [`FaultOp::Write`], [`FaultOp::Sync`] and
+///   [`FaultOp::SetLen`], and a [`PowerCut`] attached to it records them.
+///
+/// redb's file locks go straight to the file, so a second open of a store in use still fails.
 pub struct MetaFile {
     inner: FileBackend,
     faults: FaultBackend,
+    armed: bool,
+    gate: Option<Arc<SegSync>>,
 }
 
 impl MetaFile {
     /// Wraps `file`, opened for reading and writing.
-    pub fn new(file: File, faults: FaultBackend) -> Result<MetaFile, redb::DatabaseError> {
+    pub fn new(
+        file: File,
+        faults: Option<FaultBackend>,
+        gate: Option<Arc<SegSync>>,
+    ) -> Result<MetaFile, redb::DatabaseError> {
         Ok(MetaFile {
             inner: FileBackend::new(file)?,
-            faults,
+            armed: faults.is_some(),
+            faults: faults.unwrap_or_default(),
+            gate,
         })
+    }
+
+    /// The fault planned for the next `op`, if any (nothing counted without faults).
+    fn check(&self, op: FaultOp) -> Option<FaultKind> {
+        if self.armed {
+            self.faults.check(op)
+        } else {
+            None
+        }
     }
 }
 
@@ -369,23 +572,40 @@ impl StorageBackend for MetaFile {
         self.inner.len()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        faulty(self.faults.check(FaultOp::Read), || {
-            self.inner.read(offset, out)
-        })
+        faulty(self.check(FaultOp::Read), || self.inner.read(offset, out))
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        faulty(self.faults.check(FaultOp::SetLen), || {
-            self.inner.set_len(len)
-        })
+        self.faults.begin();
+        faulty(self.check(FaultOp::SetLen), || self.inner.set_len(len))?;
+        if let Some(c) = &self.faults.cut {
+            c.resized(None, len);
+        }
+        Ok(())
     }
     fn sync_data(&self) -> io::Result<()> {
         self.faults.syncs.fetch_add(1, Ordering::Relaxed);
-        faulty(self.faults.check(FaultOp::Sync), || self.inner.sync_data())
+        self.faults.begin();
+        let n = self.faults.cut.as_ref().map(|c| c.sync_start(None));
+        faulty(self.check(FaultOp::Sync), || self.inner.sync_data())?;
+        if let (Some(c), Some(n)) = (&self.faults.cut, n) {
+            c.synced(None, n);
+        }
+        Ok(())
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if offset < META_HEADER_REGION {
+            if let Some(g) = &self.gate {
+                g.sync_all()?;
+            }
+        }
         self.faults.writes.fetch_add(1, Ordering::Relaxed);
-        faulty_write(self.faults.check(FaultOp::Write), data, |d| {
-            self.inner.write(offset, d)
+        self.faults.begin();
+        faulty_write(self.check(FaultOp::Write), data, |d| {
+            self.inner.write(offset, d)?;
+            if let Some(c) = &self.faults.cut {
+                c.wrote(None, offset, d);
+            }
+            Ok(())
         })
     }
     fn close(&self) -> io::Result<()> {
@@ -419,6 +639,48 @@ impl StorageBackend for MetaFile {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A write that may carry redb's header syncs every listed segment first (a page write
+    /// does not); after a failed segment sync, header writes fail and page writes go on.
+    #[test]
+    fn meta_header_writes_sync_segments_first() {
+        let t = tempfile::tempdir().unwrap();
+        let fb = FaultBackend::new();
+        let gate = Arc::new(SegSync::default());
+        let be = gate.watch(Arc::new(fb.clone()));
+        let seg = be.create(&t.path().join("s")).unwrap();
+        seg.write_all_at(b"extent", 0).unwrap();
+        gate.files.lock().unwrap().insert(1, (seg.clone(), 1));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(t.path().join("m"))
+            .unwrap();
+        let meta = MetaFile::new(f, None, Some(gate.clone())).unwrap();
+        meta.write(8192, &[1; 16]).unwrap();
+        assert_eq!(fb.counts().1, 0, "a page write synced a segment");
+        meta.write(0, &[1; 320]).unwrap();
+        assert_eq!(
+            fb.counts().1,
+            1,
+            "the header write did not sync the segment"
+        );
+        assert!(gate.files.lock().unwrap().is_empty());
+        meta.write(0, &[1; 320]).unwrap();
+        assert_eq!(fb.counts().1, 1, "nothing left to sync");
+        fb.arm(Fault {
+            op: FaultOp::Sync,
+            nth: 0,
+            kind: FaultKind::Eio,
+            sticky: false,
+        });
+        assert!(seg.sync_data().is_err());
+        assert!(gate.failed());
+        assert!(meta.write(0, &[2; 320]).is_err());
+        meta.write(8192, &[2; 16]).unwrap();
+    }
 
     /// More vectors than one `pwritev` takes, of sizes 0..3000, at an unaligned offset: the
     /// file holds exactly their concatenation, and the bytes around it are untouched.

@@ -12,6 +12,10 @@
 //!   crash); [`Store::fsync`], [`Store::sync`], [`Store::close`] and the background flusher
 //!   (every 5 s) finish with a durable commit, which makes everything acknowledged before it
 //!   durable;
+//! * redb may also come back at a non-durable commit (its close makes one durable), so no write
+//!   that can carry redb's header reaches `meta.redb` while a segment has unsynced bytes
+//!   ([`backend::SegSync`]); simulated power cuts ([`powercut`], `tests/power_loss.rs`) check
+//!   both outcomes;
 //! * after any failed segment write, sync or commit the store turns read-only
 //!   ([`Error::ReadOnly`]) instead of guessing what reached the disk.
 //!
@@ -39,6 +43,7 @@ mod meta;
 mod namespace;
 mod open;
 mod pool;
+pub mod powercut;
 mod read;
 mod records;
 mod segment;

@@ -2,10 +2,11 @@
 //! compfs one before redb sees it, with optional fault injection) and the store's identity.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 
-use crate::backend::{FaultBackend, MetaFile};
+use crate::backend::{FaultBackend, MetaFile, SegSync};
 use crate::error::{Error, Result};
 use crate::meta::{self};
 use crate::records::{SbError, Superblock, FORMAT_VERSION, META_FILE, SUPERBLOCK_FILE};
@@ -82,14 +83,16 @@ pub(crate) fn read_superblock(dir: &Path) -> Result<Superblock> {
 /// Opens the metadata database after checking that it is one (redb may write to a file it
 /// opens, so a foreign file is rejected before redb sees it).
 pub(crate) fn open_db(dir: &Path) -> Result<Database> {
-    open_db_with(dir, None, None)
+    open_db_with(dir, None, None, None)
 }
 
-/// [`open_db`] with `faults` injected into redb's I/O of the file (see [`meta_db`]).
+/// [`open_db`] with `faults` injected into redb's I/O of the file and the segments of `gate`
+/// synced before redb writes its header (see [`meta_db`]).
 pub(crate) fn open_db_with(
     dir: &Path,
     faults: Option<&FaultBackend>,
     cache: Option<usize>,
+    gate: Option<Arc<SegSync>>,
 ) -> Result<Database> {
     let p = dir.join(META_FILE);
     let mut head = [0u8; 9];
@@ -112,7 +115,7 @@ pub(crate) fn open_db_with(
             });
         }
     }
-    meta_db(&p, false, faults, cache).map_err(|e| match e {
+    meta_db(&p, false, faults, cache, gate).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => Error::InUse(dir.to_path_buf()),
         // A failing device (EIO, ENOSPC while redb repairs) does not make the file foreign.
         redb::DatabaseError::Storage(redb::StorageError::Io(e)) if e.raw_os_error().is_some() => {
@@ -125,31 +128,30 @@ pub(crate) fn open_db_with(
     })
 }
 
-/// Opens (with `create`: creates) the redb database `p`. Without faults this is redb's own
-/// `Builder::open`/`create`, so the normal I/O path is exactly redb's. With faults the file goes
-/// through [`MetaFile`], which forwards redb's lock calls to redb's `FileBackend`: the lock is
-/// the same either way, so a second open of a store in use still fails with
-/// `DatabaseAlreadyOpen` ([`Error::InUse`]; tested in `tests/meta_faults.rs`).
+/// Opens (with `create`: creates) the redb database `p`. The file goes through [`MetaFile`]:
+/// redb's own `FileBackend`, with the segments of `gate` synced before any write of redb's
+/// header (so no commit redb can come back at references unsynced segment bytes) and, in
+/// tests, `faults`. It forwards redb's lock calls to the `FileBackend`, so a second open of a
+/// store in use fails with `DatabaseAlreadyOpen` ([`Error::InUse`]; tested in
+/// `tests/meta_faults.rs`).
 pub(crate) fn meta_db(
     p: &Path,
     create: bool,
     faults: Option<&FaultBackend>,
     cache: Option<usize>,
+    gate: Option<Arc<SegSync>>,
 ) -> std::result::Result<Database, redb::DatabaseError> {
     let mut b = Database::builder();
     if let Some(c) = cache {
         b.set_cache_size(c);
     }
-    let Some(faults) = faults else {
-        return if create { b.create(p) } else { b.open(p) };
-    };
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(create)
         .truncate(false)
         .open(p)?;
-    b.create_with_backend(MetaFile::new(f, faults.clone())?)
+    b.create_with_backend(MetaFile::new(f, faults.cloned(), gate)?)
 }
 
 /// Checks that the metadata belongs to the superblock's store.

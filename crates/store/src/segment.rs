@@ -19,9 +19,6 @@ pub(crate) struct SegWriter {
     pub pins: HashMap<u64, u32>,
 }
 
-/// A segment with unsynced bytes and the generation of its last append.
-pub(crate) type Unsynced = (Arc<dyn SegFile>, u64);
-
 /// Appended bytes after which the segment syncer is woken.
 const SEGSYNC_BYTES: u64 = 8 << 20;
 
@@ -29,7 +26,7 @@ impl Inner {
     /// Notes that segment `id` has appended bytes not yet synced.
     pub(crate) fn mark_unsynced(&self, id: u64, f: Arc<dyn SegFile>, bytes: u64) {
         {
-            let mut u = lock(&self.unsynced);
+            let mut u = lock(&self.unsynced.files);
             let e = u.entry(id).or_insert((f, 0));
             e.1 += 1;
         }
@@ -47,17 +44,18 @@ impl Inner {
     /// One pass of the segment syncer: `fdatasync`s every segment with unsynced bytes without
     /// holding any lock, then forgets those that took no append meanwhile.
     pub(crate) fn sync_segments_background(&self) {
-        let files: Vec<(u64, Arc<dyn SegFile>, u64)> = lock(&self.unsynced)
+        let files: Vec<(u64, Arc<dyn SegFile>, u64)> = lock(&self.unsynced.files)
             .iter()
             .map(|(&id, (f, g))| (id, f.clone(), *g))
             .collect();
         for (id, f, gen) in files {
             if let Err(e) = f.sync_data() {
-                // Leave it to the next durable commit, which fails and latches read-only.
+                // Noted in `unsynced` (a watched file): the next durable commit fails and
+                // latches read-only (a second fdatasync could succeed with the bytes lost).
                 tracing::warn!("compfs background sync of segment {id} failed: {e}");
                 continue;
             }
-            let mut u = lock(&self.unsynced);
+            let mut u = lock(&self.unsynced.files);
             if u.get(&id).is_some_and(|(_, g)| *g == gen) {
                 u.remove(&id);
             }
@@ -65,13 +63,11 @@ impl Inner {
     }
 
     /// `fdatasync`s every segment with unsynced appended bytes.
+    /// Fails if any segment sync failed before (its bytes may be lost).
     pub(crate) fn sync_segments(&self) -> Result<()> {
-        let files: Vec<Arc<dyn SegFile>> =
-            lock(&self.unsynced).drain().map(|(_, (f, _))| f).collect();
-        for f in files {
-            f.sync_data().map_err(|e| self.fail(Error::from_io(e)))?;
-        }
-        Ok(())
+        self.unsynced
+            .sync_all()
+            .map_err(|e| self.fail(Error::from_io(e)))
     }
 
     /// A read handle of segment `id`. Call with `seg_barrier` read-locked.

@@ -13,7 +13,7 @@ use compfs_codec::{CodecSpec, Mode};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::attrs::Patches;
-use crate::backend::{Backend, FaultBackend, SegFile, StdBackend};
+use crate::backend::{Backend, FaultBackend, SegFile, SegSync, StdBackend};
 use crate::cache::Lru;
 
 /// Number of [`Inner::loading`] stripes.
@@ -28,7 +28,7 @@ use crate::records::{
     parse_segment_file_name, InodeRec, Superblock, FORMAT_VERSION, META_FILE, SEGMENT_DIR,
     SUPERBLOCK_FILE,
 };
-use crate::segment::{SegWriter, Unsynced};
+use crate::segment::SegWriter;
 use crate::stats::Counters;
 use crate::types::*;
 
@@ -111,11 +111,11 @@ pub(crate) struct Inner {
     /// metadata snapshot to the end of their segment reads; GC deletes files under the write
     /// lock, so a reader never finds its segment gone.
     pub seg_barrier: RwLock<()>,
-    /// Segments with appended bytes not yet `fdatasync`ed.
     /// Segments with appended bytes not yet `fdatasync`ed, each with a generation that every
     /// append bumps (the segment syncer retires an entry only if no append came after the
-    /// generation it synced).
-    pub unsynced: Mutex<HashMap<u64, Unsynced>>,
+    /// generation it synced). Shared with `meta.redb`'s [`MetaFile`](crate::backend::MetaFile),
+    /// which syncs them before writing redb's header (see [`SegSync`]).
+    pub unsynced: Arc<SegSync>,
     /// Bytes appended since the segment syncer was last woken.
     pub unsynced_bytes: AtomicU64,
     /// Wakes the segment syncer (see `segsync_loop`).
@@ -220,6 +220,7 @@ impl Store {
                 true,
                 tuning.meta_faults.as_ref(),
                 tuning.meta_cache,
+                None,
             )?;
             let txn = db.begin_write()?;
             {
@@ -274,9 +275,17 @@ impl Store {
 
     /// [`Store::open`] with [`Tuning`] (its `segment_size` and `inline_max` are ignored: the
     /// superblock's values apply).
-    pub fn open_tuned(dir: &Path, opts: &OpenOptions, tuning: Tuning) -> Result<Store> {
+    pub fn open_tuned(dir: &Path, opts: &OpenOptions, mut tuning: Tuning) -> Result<Store> {
         let sb = read_superblock(dir)?;
-        let db = open_db_with(dir, tuning.meta_faults.as_ref(), tuning.meta_cache)?;
+        // Every segment sync is watched (a failure fences redb's header, see `SegSync`).
+        let seg_sync = Arc::new(SegSync::default());
+        tuning.backend = seg_sync.watch(tuning.backend.clone());
+        let db = open_db_with(
+            dir,
+            tuning.meta_faults.as_ref(),
+            tuning.meta_cache,
+            Some(seg_sync.clone()),
+        )?;
         check_identity(dir, &db, &sb)?;
         let seg_dir = dir.join(SEGMENT_DIR);
         // Segment ids continue after every id in the metadata or on disk.
@@ -319,7 +328,7 @@ impl Store {
                 pins: HashMap::new(),
             }),
             seg_barrier: RwLock::new(()),
-            unsynced: Mutex::new(HashMap::new()),
+            unsynced: seg_sync,
             unsynced_bytes: AtomicU64::new(0),
             segsync: Mutex::new(None),
             seg_handles: Mutex::new(HashMap::new()),
