@@ -16,6 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use compfs_store::*;
+use compfs_testdata::Rng;
 
 const CHILD_ENV: &str = "COMPFS_CRASH_CHILD";
 
@@ -54,19 +55,6 @@ fn child_tuning() -> Tuning {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// The child: runs until killed (or 3000 operations). Log lines: `P name state` before an
 /// operation that may produce the state, `D name state` once the state is durable.
 fn child(dir: &Path, log: &Path, seed: u64) {
@@ -94,25 +82,25 @@ fn child(dir: &Path, log: &Path, seed: u64) {
         say(format!("D {}", fmt(&name, state_of(&data))));
         files.insert(name, (e.ino, data));
     }
-    let mut rng = Rng(seed.wrapping_mul(0x9e3779b97f4a7c15) | 1);
+    let mut rng = Rng::new(seed.wrapping_mul(0x9e3779b97f4a7c15));
     let fixed: Vec<String> = (0..3).map(|i| format!("f{i}")).collect();
     let mut next_t = rng.below(1 << 30);
     for _ in 0..3000 {
         let name = if rng.below(4) == 0 && files.keys().any(|k| k.starts_with('t')) {
             let ts: Vec<&String> = files.keys().filter(|k| k.starts_with('t')).collect();
-            ts[rng.below(ts.len() as u64) as usize].clone()
+            ts[rng.below(ts.len())].clone()
         } else {
-            fixed[rng.below(3) as usize].clone()
+            fixed[rng.below(3)].clone()
         };
         match rng.below(12) {
             0..=4 => {
                 let (ino, data) = files.get_mut(&name).unwrap();
-                let off = rng.below(200_000) as usize;
-                let len = 1 + rng.below(70_000) as usize;
+                let off = rng.below(200_000);
+                let len = 1 + rng.below(70_000);
                 let buf = match rng.below(3) {
-                    0 => random(len, rng.next()),
+                    0 => random(len, rng.next_u64()),
                     1 => vec![0; len],
-                    _ => pattern(len, rng.next()),
+                    _ => pattern(len, rng.next_u64()),
                 };
                 if data.len() < off + len {
                     data.resize(off + len, 0);
@@ -123,7 +111,7 @@ fn child(dir: &Path, log: &Path, seed: u64) {
             }
             5 => {
                 let (ino, data) = files.get_mut(&name).unwrap();
-                let size = rng.below(250_000) as usize;
+                let size = rng.below(250_000);
                 data.resize(size, 0);
                 say(format!("P {}", fmt(&name, state_of(data))));
                 s.setattr(
@@ -137,8 +125,8 @@ fn child(dir: &Path, log: &Path, seed: u64) {
             }
             6 => {
                 let (ino, data) = files.get_mut(&name).unwrap();
-                let off = rng.below(200_000) as usize;
-                let len = rng.below(100_000) as usize;
+                let off = rng.below(200_000);
+                let len = rng.below(100_000);
                 let end = (off + len).min(data.len());
                 if off < end {
                     data[off..end].fill(0);
@@ -160,7 +148,7 @@ fn child(dir: &Path, log: &Path, seed: u64) {
             10 => {
                 next_t += 1;
                 let n = format!("t{next_t}");
-                let data = pattern(rng.below(5000) as usize, rng.next());
+                let data = pattern(rng.below(5000), rng.next_u64());
                 say(format!("P {}", fmt(&n, State::Content(0, hash(&[])))));
                 say(format!("P {}", fmt(&n, state_of(&data))));
                 let a = s
@@ -284,7 +272,7 @@ fn crash_kill_points() {
         .collect();
     known = verify(&dir, "", 0, &known);
     let exe = std::env::current_exe().unwrap();
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut killed = 0;
     for it in 0..iters {
         let log = t.path().join(format!("log{it}"));
@@ -304,7 +292,7 @@ fn crash_kill_points() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(5 + rng.below(120)));
+        std::thread::sleep(Duration::from_millis(5 + rng.below(120) as u64));
         if child.try_wait().unwrap().is_none() {
             killed += 1;
         }

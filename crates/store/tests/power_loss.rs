@@ -35,19 +35,7 @@ use std::time::Duration;
 use compfs_store::backend::{Fault, FaultBackend, FaultKind, FaultOp};
 use compfs_store::powercut::{CutImage, PowerCut};
 use compfs_store::*;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use compfs_testdata::Rng;
 
 type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
 type Names = BTreeMap<String, Ino>;
@@ -170,10 +158,10 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
             .close()
             .unwrap();
     }
-    let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+    let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
     // About 900 seam operations per run at the default sizes.
     let gap = (900 / cuts_wanted.max(1)) as u64;
-    let pc = PowerCut::new(&dir, &imgs, rng.next(), gap.max(1), cuts_wanted).unwrap();
+    let pc = PowerCut::new(&dir, &imgs, rng.next_u64(), gap.max(1), cuts_wanted).unwrap();
     let seg_fb = FaultBackend::with_power_cut(pc.clone());
     let meta_fb = FaultBackend::with_power_cut(pc.clone());
     let s = Store::open_tuned(
@@ -203,7 +191,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
             if names.is_empty() {
                 return None;
             }
-            let i = rng.below(names.len() as u64) as usize;
+            let i = rng.below(names.len());
             names.iter().nth(i).map(|(n, i)| (n.clone(), *i))
         };
         let op0 = pc.ops();
@@ -228,7 +216,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                 s.open_file(a.ino).unwrap();
                 open.insert(a.ino, true);
                 if rng.below(2) == 0 {
-                    let c = CODECS[rng.below(CODECS.len() as u64) as usize];
+                    let c = CODECS[rng.below(CODECS.len())];
                     s.set_compression(a.ino, Some(spec(c))).unwrap();
                 }
             }
@@ -240,19 +228,19 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                 let mut d = m.cur_data(ino);
                 let small = rng.below(3) == 0;
                 let (off, len) = if small {
-                    (rng.below(1500) as usize, 1 + rng.below(500) as usize)
+                    (rng.below(1500), 1 + rng.below(500))
                 } else if rng.below(2) == 0 {
-                    (d.len(), 1 + rng.below(60_000) as usize) // append
+                    (d.len(), 1 + rng.below(60_000)) // append
                 } else {
-                    (rng.below(150_000) as usize, 1 + rng.below(70_000) as usize)
+                    (rng.below(150_000), 1 + rng.below(70_000))
                 };
                 if off + len > 240_000 {
                     continue;
                 }
                 let buf = match rng.below(3) {
-                    0 => random(len, rng.next()),
+                    0 => random(len, rng.next_u64()),
                     1 => vec![0; len],
-                    _ => pattern(len, rng.next()),
+                    _ => pattern(len, rng.next_u64()),
                 };
                 if d.len() < off + len {
                     d.resize(off + len, 0);
@@ -267,7 +255,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                     continue;
                 };
                 let mut d = m.cur_data(ino);
-                let size = rng.below(200_000) as usize;
+                let size = rng.below(200_000);
                 d.resize(size, 0);
                 m.files.get_mut(&ino).unwrap().data.push((op0, Arc::new(d)));
                 s.setattr(
@@ -285,8 +273,8 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                     continue;
                 };
                 let mut d = m.cur_data(ino);
-                let off = rng.below(160_000) as usize;
-                let len = rng.below(80_000) as usize;
+                let off = rng.below(160_000);
+                let len = rng.below(80_000);
                 let end = (off + len).min(d.len());
                 if off < end {
                     d[off..end].fill(0);
@@ -358,7 +346,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                     m.files.get_mut(&ino).unwrap().xattrs.push((op0, x));
                     s.removexattr(ino, &key).unwrap();
                 } else {
-                    let v = pattern(1 + rng.below(300) as usize, rng.next());
+                    let v = pattern(1 + rng.below(300), rng.next_u64());
                     x.insert(key.clone(), v.clone());
                     m.files.get_mut(&ino).unwrap().xattrs.push((op0, x));
                     s.setxattr(ino, &key, &v, XattrSet::Any).unwrap();
@@ -402,7 +390,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                 let Some((_, ino)) = pick(&mut rng) else {
                     continue;
                 };
-                let c = CODECS[rng.below(CODECS.len() as u64) as usize];
+                let c = CODECS[rng.below(CODECS.len())];
                 s.recompress(ino, Some((spec(c), Mode::Force))).unwrap();
             }
         }
@@ -411,7 +399,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
         // Non-durable commits of new extents.
         for (_, ino) in m.cur_names().into_iter().take(3) {
             let mut d = m.cur_data(ino);
-            let buf = pattern(30_000, rng.next());
+            let buf = pattern(30_000, rng.next_u64());
             let off = d.len();
             d.extend_from_slice(&buf);
             m.files
@@ -448,7 +436,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
         // Something unsynced to fail on.
         if let Some((_, ino)) = m.cur_names().into_iter().next() {
             let mut d = m.cur_data(ino);
-            let buf = random(40_000, rng.next());
+            let buf = random(40_000, rng.next_u64());
             let off = d.len();
             d.extend_from_slice(&buf);
             let op0 = pc.ops();
