@@ -355,6 +355,14 @@ mod tests {
     }
 
     #[test]
+    fn acl_is_the_default_and_noacl_turns_it_off() {
+        assert!(parse("").unwrap().acl);
+        assert!(!parse("noacl").unwrap().acl);
+        assert!(parse("noacl,acl").unwrap().acl);
+        assert!(matches!(parse("acl=1"), Err(OptionError::Unknown { .. })));
+    }
+
+    #[test]
     fn later_options_win_and_lists_combine() {
         let o = MountOptions::parse(&["compress=zlib:9,ro", "compress-force=lzo,rw"]).unwrap();
         assert_eq!(o.policy.unwrap().0.algorithm(), Algorithm::Lzo);
