@@ -11,6 +11,10 @@
 //! difference fails the test unless [`ALLOWED`] names it with the kernel reason it cannot be
 //! fixed in the daemon, and an [`ALLOWED`] entry that matches nothing fails it too.
 //!
+//! POSIX ACLs are compared through their xattrs (setfacl and getfacl make the same calls):
+//! `acl_access` and `acl_default` set them and compare a hash of what getxattr returns; the
+//! `noacl` mount option is compared with btrfs, as ext4 on this kernel refuses it.
+//!
 //! `COMPFS_DIFF_SHOW=CASE` prints what both filesystems did in that case;
 //! `COMPFS_DIFF_KERNEL_FS=btrfs` compares with btrfs instead of ext4 (by hand: the allow-list is
 //! ext4's).

@@ -2,7 +2,8 @@
 //! its errno ([`compfs_store::Error::errno`]). The only things decided here are FUSE-specific:
 //! cache timeouts, init flags, the setgid-directory group rule (the store takes uid/gid as given),
 //! what the kernel leaves to a FUSE daemon (the privilege bits, [`crate::privilege`]; atime,
-//! [`crate::atime`]; how far a directory read goes while entries are renamed), and the
+//! [`crate::atime`]; POSIX ACLs kept in step with the mode and inherited, [`crate::acl`] and
+//! `acls`; how far a directory read goes while entries are renamed), and the
 //! read-only virtual xattrs that report usage and statistics.
 
 use std::collections::{HashMap, HashSet};
