@@ -11,6 +11,10 @@
 //! difference fails the test unless [`ALLOWED`] names it with the kernel reason it cannot be
 //! fixed in the daemon, and an [`ALLOWED`] entry that matches nothing fails it too.
 //!
+//! POSIX ACLs are compared through their xattrs (setfacl and getfacl make the same calls):
+//! `acl_access` and `acl_default` set them and compare a hash of what getxattr returns; the
+//! `noacl` mount option is compared with btrfs, as ext4 on this kernel refuses it.
+//!
 //! `COMPFS_DIFF_SHOW=CASE` prints what both filesystems did in that case;
 //! `COMPFS_DIFF_KERNEL_FS=btrfs` compares with btrfs instead of ext4 (by hand: the allow-list is
 //! ext4's).
@@ -100,6 +104,11 @@ enum Op {
     Getxattr(CString, CString),
     /// Returns the mount flags statvfs reports (read-only, nosuid, nodev, noexec, atime).
     Statvfs(CString),
+    Removexattr(CString, CString),
+    /// Returns a hash of the value (FNV-1a, 62 bits), to compare contents.
+    GetxattrHash(CString, CString),
+    /// Sets the umask for the rest of the step (steps start with 022).
+    Umask(u32),
 }
 
 impl Op {
@@ -119,6 +128,8 @@ impl Op {
             | Op::Unlink(p)
             | Op::Utimens(p, ..)
             | Op::Setxattr(p, ..)
+            | Op::Removexattr(p, _)
+            | Op::GetxattrHash(p, _)
             | Op::Getxattr(p, _) => vec![s(p)],
             Op::Link(a, b) | Op::Rename(a, b, _) => vec![s(a), s(b)],
             Op::Symlink(_, p) => vec![s(p)],
@@ -163,6 +174,9 @@ impl Op {
             Op::Setxattr(p, n, v) => format!("lsetxattr({}, {n:?}, {} bytes)", short(p), v.len()),
             Op::Getxattr(p, n) => format!("lgetxattr({}, {n:?})", short(p)),
             Op::Statvfs(p) => format!("statvfs({}).f_flag", short(p)),
+            Op::Removexattr(p, n) => format!("lremovexattr({}, {n:?})", short(p)),
+            Op::GetxattrHash(p, n) => format!("lgetxattr({}, {n:?}) value hash", short(p)),
+            Op::Umask(m) => format!("umask({m:#o})"),
         }
     }
 }
@@ -1033,6 +1047,252 @@ fn cases() -> Vec<Case> {
         ],
     });
 
+    v.extend(acl_cases());
+    v
+}
+
+// ---- POSIX ACLs -----------------------------------------------------------------------------
+
+const ACL_ACCESS: &str = "system.posix_acl_access";
+const ACL_DEFAULT: &str = "system.posix_acl_default";
+// Tags of the kernel's ACL xattr format.
+const UO: u16 = 0x01;
+const NU: u16 = 0x02;
+const GO: u16 = 0x04;
+const NG: u16 = 0x08;
+const MK: u16 = 0x10;
+const OT: u16 = 0x20;
+
+/// An ACL xattr value (what setfacl passes): entries of (tag, rwx, id; unnamed ones -1).
+fn acl_value(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        let id = if tag == NU || tag == NG { id } else { u32::MAX };
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+fn set_acl(p: &str, name: &str, entries: &[(u16, u16, u32)]) -> Op {
+    Op::Setxattr(c(p), c(name), acl_value(entries))
+}
+fn get_acl(p: &str, name: &str) -> Op {
+    Op::GetxattrHash(c(p), c(name))
+}
+
+/// setfacl/getfacl as system calls: access ACLs (mode kept in step both ways, enforcement,
+/// S_ISGID on setfacl), default ACLs (inheritance by files, directories and nodes under
+/// several umasks, setgid directories), malformed values.
+fn acl_cases() -> Vec<Case> {
+    use Who::*;
+    let mut v = Vec::new();
+    // user::rw- user:B:rw- group::r-- mask::rw- other::---
+    let named_b = [(UO, 6, 0), (NU, 6, UB), (GO, 4, 0), (MK, 6, 0), (OT, 0, 0)];
+    v.push(Case {
+        name: "acl_access",
+        steps: vec![
+            st(
+                Root,
+                cat(vec![
+                    setup_file("f", 0o644, UA, GS, 10),
+                    setup_file("g", 0o2755, UA, GX, 0),
+                    setup_file("h", 0o2755, UA, GS, 0),
+                    vec![mkdir("d", 0o755), chown("d", UA, GS), symlink("f", "l")],
+                ]),
+            ),
+            st(
+                A,
+                vec![
+                    get_acl("f", ACL_ACCESS),
+                    set_acl("f", ACL_ACCESS, &named_b),
+                    get_acl("f", ACL_ACCESS),
+                ],
+            ),
+            st(B, vec![open("f", RW, 0, 0), Op::Write(0, 5), Op::Close(0)]),
+            st(C, vec![open("f", RD, 0, 0), Op::Close(0)]),
+            // chmod narrows the mask: B loses write
+            st(A, vec![chmod("f", 0o640), get_acl("f", ACL_ACCESS)]),
+            st(
+                B,
+                vec![open("f", WR, 0, 0), open("f", RD, 0, 1), Op::Close(1)],
+            ),
+            st(A, vec![chmod("f", 0o670), get_acl("f", ACL_ACCESS)]),
+            st(B, vec![open("f", WR, 0, 0), Op::Close(0)]),
+            // not the owner
+            st(C, vec![set_acl("f", ACL_ACCESS, &named_b)]),
+            st(B, vec![set_acl("f", ACL_ACCESS, &named_b)]),
+            // an ACL the mode says all of is not kept; the mode takes its bits
+            st(
+                A,
+                vec![
+                    set_acl("f", ACL_ACCESS, &[(UO, 7, 0), (GO, 5, 0), (OT, 4, 0)]),
+                    get_acl("f", ACL_ACCESS),
+                    Op::Removexattr(c("f"), c(ACL_ACCESS)),
+                ],
+            ),
+            st(
+                A,
+                vec![
+                    set_acl("f", ACL_ACCESS, &named_b),
+                    Op::Removexattr(c("f"), c(ACL_ACCESS)),
+                    get_acl("f", ACL_ACCESS),
+                    chmod("f", 0o600),
+                ],
+            ),
+            // malformed values, a default ACL on a file, on a symlink
+            st(
+                A,
+                vec![
+                    Op::Setxattr(c("f"), c(ACL_ACCESS), vec![1, 0, 0, 0, 1, 0, 6, 0]),
+                    Op::Setxattr(c("f"), c(ACL_ACCESS), vec![2, 0, 0, 0, 1, 0]),
+                    set_acl("f", ACL_ACCESS, &[(UO, 6, 0), (OT, 0, 0)]),
+                    set_acl(
+                        "f",
+                        ACL_ACCESS,
+                        &[(UO, 6, 0), (NU, 6, UB), (GO, 4, 0), (OT, 0, 0)],
+                    ),
+                    set_acl("f", ACL_ACCESS, &[(UO, 8, 0), (GO, 4, 0), (OT, 0, 0)]),
+                    set_acl("f", ACL_ACCESS, &[(GO, 4, 0), (UO, 6, 0), (OT, 0, 0)]),
+                    set_acl("f", ACL_DEFAULT, &named_b),
+                    get_acl("f", ACL_DEFAULT),
+                    get_acl("d", ACL_DEFAULT),
+                ],
+            ),
+            // setfacl by an owner outside the file's group drops S_ISGID; inside it keeps it
+            st(
+                A,
+                vec![
+                    set_acl("g", ACL_ACCESS, &named_b),
+                    set_acl("h", ACL_ACCESS, &named_b),
+                ],
+            ),
+            st(
+                Root,
+                vec![
+                    chmod("g", 0o2755),
+                    set_acl(
+                        "g",
+                        ACL_ACCESS,
+                        &[(UO, 7, 0), (GO, 5, 0), (NG, 7, GS), (MK, 7, 0), (OT, 5, 0)],
+                    ),
+                    get_acl("g", ACL_ACCESS),
+                ],
+            ),
+            // root's chmod without a mask entry: the group entry follows
+            st(
+                Root,
+                vec![
+                    chmod("h", 0o751),
+                    set_acl("h", ACL_ACCESS, &[(UO, 7, 0), (GO, 5, 0), (OT, 1, 0)]),
+                    get_acl("h", ACL_ACCESS),
+                ],
+            ),
+        ],
+    });
+
+    // user::rwx user:B:rwx group::r-x group:GS:rwx mask::rwx other::r-x
+    let dflt = [
+        (UO, 7, 0),
+        (NU, 7, UB),
+        (GO, 5, 0),
+        (NG, 7, GS),
+        (MK, 7, 0),
+        (OT, 5, 0),
+    ];
+    let made = |d: &str| {
+        vec![
+            get_acl(&format!("{d}/f"), ACL_ACCESS),
+            get_acl(&format!("{d}/s"), ACL_ACCESS),
+            get_acl(&format!("{d}/s"), ACL_DEFAULT),
+            get_acl(&format!("{d}/p"), ACL_ACCESS),
+            get_acl(&format!("{d}/l"), ACL_ACCESS),
+        ]
+    };
+    let make = |d: &str, umask: u32| {
+        vec![
+            Op::Umask(umask),
+            open(format!("{d}/f"), CREAT, 0o666, 0),
+            Op::Close(0),
+            mkdir(format!("{d}/s"), 0o777),
+            Op::Mkfifo(c(format!("{d}/p")), 0o640),
+            symlink("x", format!("{d}/l")),
+            open(format!("{d}/x"), CREAT, 0o751, 1),
+            Op::Close(1),
+            mkdir(format!("{d}/s/t"), 0o700),
+            open(format!("{d}/s/f"), CREAT, 0o666, 2),
+            Op::Close(2),
+        ]
+    };
+    v.push(Case {
+        name: "acl_default",
+        steps: vec![
+            st(
+                Root,
+                vec![
+                    mkdir("d", 0o777),
+                    chown("d", UA, GS),
+                    mkdir("e", 0o777),
+                    chown("e", UA, GS),
+                    mkdir("m", 0o777),
+                    chown("m", UA, GS),
+                    mkdir("n", 0o777),
+                    chown("n", UA, GS),
+                    mkdir("g", 0o2777),
+                    chown("g", UA, GX),
+                ],
+            ),
+            st(
+                A,
+                vec![
+                    set_acl("d", ACL_DEFAULT, &dflt),
+                    set_acl("e", ACL_DEFAULT, &dflt),
+                    set_acl("m", ACL_DEFAULT, &[(UO, 7, 0), (GO, 5, 0), (OT, 0, 0)]),
+                    set_acl("g", ACL_DEFAULT, &dflt),
+                    get_acl("d", ACL_DEFAULT),
+                    get_acl("d", ACL_ACCESS),
+                ],
+            ),
+            st(A, make("d", 0o022)),
+            st(A, made("d")),
+            // the umask is ignored under a default ACL
+            st(A, make("e", 0o077)),
+            st(A, made("e")),
+            // a minimal default ACL: the mode only, no access ACL
+            st(A, make("m", 0o000)),
+            st(A, made("m")),
+            // no default ACL: the umask
+            st(A, make("n", 0o027)),
+            st(A, made("n")),
+            // setgid directory with a default ACL
+            st(C, make("g", 0o002)),
+            st(C, made("g")),
+            // the inherited ACLs are enforced: B is named, C is other
+            st(
+                B,
+                vec![
+                    open("d/f", RW, 0, 0),
+                    Op::Close(0),
+                    open("d/s/f", RW, 0, 1),
+                    Op::Close(1),
+                ],
+            ),
+            st(C, vec![open("d/f", WR, 0, 0), open("e/f", RD, 0, 1)]),
+            // chmod of an inheriting directory and its removal of the default ACL
+            st(
+                A,
+                vec![
+                    chmod("d/s", 0o750),
+                    get_acl("d/s", ACL_ACCESS),
+                    get_acl("d/s", ACL_DEFAULT),
+                    Op::Removexattr(c("d/s"), c(ACL_DEFAULT)),
+                    get_acl("d/s", ACL_DEFAULT),
+                    open("d/s/z", CREAT, 0o666, 0),
+                    Op::Close(0),
+                ],
+            ),
+        ],
+    });
     v
 }
 
@@ -1286,6 +1546,28 @@ unsafe fn child_ops(ops: &[Op], recs: &mut [Rec], buf: &mut [u8]) {
                 buf.as_mut_ptr().cast(),
                 buf.len().min(65536),
             ) as i64),
+            Op::Removexattr(p, n) => ret(libc::lremovexattr(p.as_ptr(), n.as_ptr()).into()),
+            Op::GetxattrHash(p, n) => {
+                let r = ret(libc::lgetxattr(
+                    p.as_ptr(),
+                    n.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len().min(65536),
+                ) as i64);
+                if r >= 0 {
+                    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                    for &b in &buf[..r as usize] {
+                        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                    }
+                    (h >> 2) as i64
+                } else {
+                    r
+                }
+            }
+            Op::Umask(m) => {
+                libc::umask(*m);
+                0
+            }
         };
         rec[0] = r;
     }
@@ -1485,14 +1767,12 @@ struct KernelFs {
 }
 
 impl KernelFs {
-    fn new(dir: &Path, opts: &str) -> Result<KernelFs, String> {
+    fn new(dir: &Path, fstype: &str, opts: &str) -> Result<KernelFs, String> {
         // One loop-device setup at a time: the tests of this file run in parallel, and
         // concurrent `mount -o loop` calls can race for the same free loop device.
         static LOOP_SETUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _g = LOOP_SETUP.lock().unwrap_or_else(|p| p.into_inner());
-        // COMPFS_DIFF_KERNEL_FS=btrfs compares with btrfs instead (not in CI: the allow-list
-        // is ext4's), e.g. to check what docs/kernel-features.md says of btrfs.
-        let fstype = std::env::var("COMPFS_DIFF_KERNEL_FS").unwrap_or_else(|_| "ext4".into());
+        let fstype = fstype.to_string();
         let img = dir.join(format!("{fstype}.img"));
         let f = std::fs::File::create(&img).map_err(|e| e.to_string())?;
         f.set_len(256 << 20).map_err(|e| e.to_string())?;
@@ -1597,6 +1877,42 @@ fn mount_options_match_ext4() {
     differential("opts-nodev", &cases(), "nodev,nosuid,noexec", &[]);
 }
 
+/// `noacl` on compfs and btrfs: the ACL xattrs are refused (EOPNOTSUPP), the umask applies.
+#[test]
+fn noacl_matches_btrfs() {
+    let cases = vec![Case {
+        name: "noacl",
+        steps: vec![
+            st(Who::Root, vec![mkdir("d", 0o777), chown("d", UA, GS)]),
+            st(
+                Who::A,
+                vec![
+                    set_acl("d", ACL_DEFAULT, &[(UO, 7, 0), (GO, 5, 0), (OT, 0, 0)]),
+                    set_acl(
+                        "d",
+                        ACL_ACCESS,
+                        &[(UO, 7, 0), (NU, 7, UB), (GO, 5, 0), (MK, 7, 0), (OT, 0, 0)],
+                    ),
+                    get_acl("d", ACL_ACCESS),
+                    Op::Removexattr(c("d"), c(ACL_ACCESS)),
+                    Op::Umask(0o027),
+                    open("d/f", CREAT, 0o666, 0),
+                    Op::Close(0),
+                    mkdir("d/s", 0o777),
+                    chmod("d", 0o750),
+                ],
+            ),
+        ],
+    }];
+    // ext4 on Linux 6.18 no longer accepts `noacl` ("Unknown parameter"): btrfs does.
+    let nlink = &[Allowed {
+        case: "noacl/",
+        key: " nlink",
+        reason: "btrfs reports nlink 1 for directories (compfs, as ext4, 2 + subdirectories)",
+    }];
+    differential_on("btrfs", "noacl", &cases, "noacl", nlink);
+}
+
 fn atime_cases() -> Vec<Case> {
     use Who::*;
     let read =
@@ -1629,6 +1945,14 @@ fn atime_cases() -> Vec<Case> {
 /// Runs `cases` on ext4 and compfs, both mounted with the extra options `opts`, and fails on
 /// any difference `allowed` does not explain (or an `allowed` entry that explains nothing).
 fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
+    // COMPFS_DIFF_KERNEL_FS=btrfs compares with btrfs instead (not in CI: the allow-list is
+    // ext4's), e.g. to check what docs/kernel-features.md says of btrfs.
+    let fstype = std::env::var("COMPFS_DIFF_KERNEL_FS").unwrap_or_else(|_| "ext4".into());
+    differential_on(&fstype, tag, cases, opts, allowed)
+}
+
+/// [`differential`] against the kernel filesystem `fstype`.
+fn differential_on(fstype: &str, tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
     // Only a non-root run skips: as root (CI), missing tools fail the test rather than hide it.
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -1656,7 +1980,7 @@ fn differential(tag: &str, cases: &[Case], opts: &str, allowed: &[Allowed]) {
         .filter(|o| !o.is_empty())
         .map(|o| format!(",{o}"))
         .collect();
-    let mut ext4 = KernelFs::new(t.path(), &ext4_opts)
+    let mut ext4 = KernelFs::new(t.path(), fstype, &ext4_opts)
         .unwrap_or_else(|e| panic!("kernel filesystem loop mount: {e}"));
     let store = t.path().join("store");
     mkstore(&store, "zstd:1", Mode::Heuristic, 128 << 10);

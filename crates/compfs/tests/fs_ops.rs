@@ -348,6 +348,21 @@ fn data_operations() {
     // SAFETY: valid fd.
     let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 128 << 10) };
     assert_eq!((r, errno()), (-1, libc::EOPNOTSUPP));
+    // Preallocating more than the free space fails with ENOSPC (as ext4) and changes nothing;
+    // the data already there needs no room.
+    let c = cstr(&fa);
+    // SAFETY: zeroed statvfs is valid output storage; valid path.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
+    let free = sv.f_bavail * sv.f_frsize;
+    for mode in [0, libc::FALLOC_FL_KEEP_SIZE] {
+        // SAFETY: valid fd.
+        let r = unsafe { libc::fallocate(fd, mode, 1 << 20, (free + (1 << 30)) as i64) };
+        assert_eq!((r, errno()), (-1, libc::ENOSPC), "mode {mode:#x}");
+        assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    }
+    // SAFETY: valid fd.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 128 << 10) }, 0);
     drop(f);
 
     // mmap writes and reads

@@ -3,6 +3,7 @@
 //! errors to errno values, and adds the mount options and the usage/stats reporting interface
 //! (virtual xattrs) on top.
 
+pub mod acl;
 pub mod adapter;
 pub mod atime;
 pub mod error;

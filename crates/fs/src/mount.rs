@@ -208,7 +208,9 @@ pub fn serve(
         }
     };
     let store = Arc::new(store);
-    let fs = CompFs::new(store.clone()).with_atime(o.atime);
+    let fs = CompFs::new(store.clone())
+        .with_atime(o.atime)
+        .with_acl(o.acl);
     let cfg = fuse_config(store_dir, o);
     let mut session = Session::new(fs, mountpoint, &cfg).map_err(|source| MountError::Fuse {
         path: mountpoint.to_path_buf(),

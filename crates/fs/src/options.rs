@@ -55,6 +55,9 @@ pub struct MountOptions {
     pub flags: Vec<KernelFlag>,
     /// `relatime` (default), `strictatime`, `noatime`, `nodiratime`: when reads update atime.
     pub atime: AtimePolicy,
+    /// `acl` (default, as ext4 and btrfs) / `noacl`: POSIX ACLs enforced and kept in step with
+    /// the mode ([`crate::acl`]); with `noacl` the ACL xattrs are refused (EOPNOTSUPP).
+    pub acl: bool,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
 }
@@ -87,6 +90,7 @@ impl Default for MountOptions {
             readahead: DEFAULT_READAHEAD,
             flags: Vec::new(),
             atime: AtimePolicy::default(),
+            acl: true,
             warnings: Vec::new(),
         }
     }
@@ -151,7 +155,7 @@ const BTRFS_ONLY: &[&str] = &[
 pub const VALID_OPTIONS: &str =
     "compress, compress=ALG[:LEVEL], compress=no, compress-force[=ALG[:LEVEL]], \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
-nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync";
+nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -240,6 +244,8 @@ impl MountOptions {
             ("strictatime" | "norelatime", None) => self.atime.mode = AtimeMode::Strict,
             ("nodiratime", None) => self.atime.nodiratime = true,
             ("diratime", None) => self.atime.nodiratime = false,
+            ("acl", None) => self.acl = true,
+            ("noacl", None) => self.acl = false,
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
             (k, _) if IGNORED.contains(&k) => {}
@@ -346,6 +352,14 @@ mod tests {
         // zlib without a level means zlib:3, zstd means zstd:3, as in btrfs.
         assert_eq!(parse("compress=zlib").unwrap().policy.unwrap().0.level(), 3);
         assert_eq!(parse("compress=zstd").unwrap().policy.unwrap().0.level(), 3);
+    }
+
+    #[test]
+    fn acl_is_the_default_and_noacl_turns_it_off() {
+        assert!(parse("").unwrap().acl);
+        assert!(!parse("noacl").unwrap().acl);
+        assert!(parse("noacl,acl").unwrap().acl);
+        assert!(matches!(parse("acl=1"), Err(OptionError::Unknown { .. })));
     }
 
     #[test]

@@ -65,7 +65,8 @@ impl Caller {
         }
     }
 
-    fn in_group(&self, gid: u32) -> bool {
+    /// Is `gid` the caller's primary or a supplementary group?
+    pub fn in_group(&self, gid: u32) -> bool {
         self.gid == gid || self.groups.contains(&gid)
     }
 }

@@ -123,6 +123,7 @@ impl Store {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::InvalidArgument("range beyond the maximum file size".into()))?;
+        self.check_room(ino, offset, end)?;
         inner.with_file(ino, |st| {
             let d = inner.ensure_dirty(ino, st)?;
             if !keep_size && end > d.size {
@@ -133,6 +134,22 @@ impl Store {
             }
             inner.flush_locked(ino, st, false)
         })
+    }
+
+    /// A preallocation of `[offset, end)` fails with ENOSPC, as on a kernel filesystem, when
+    /// its holes are more bytes than the disk under the store has free. Only a check: the
+    /// space is not reserved, so a later write can still find the disk full.
+    fn check_room(&self, ino: Ino, offset: u64, end: u64) -> Result<()> {
+        let (regions, _) = self.data_regions(ino)?;
+        let need = uncovered(&regions, offset, end);
+        if need == 0 {
+            return Ok(());
+        }
+        let s = self.statfs()?;
+        if need > s.bavail.saturating_mul(u64::from(s.bsize)) {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
     }
 
     /// Data regions of a file after flushing it: (start, end) pairs in order, and the size.
@@ -283,5 +300,31 @@ impl Inner {
         lock(&self.patches).clear_mtime(ino);
         d.ctime = now;
         self.flush_locked(ino, st, false)
+    }
+}
+
+/// Bytes of `[start, end)` that no region of `regions` (sorted, disjoint `(start, end)` pairs)
+/// covers.
+fn uncovered(regions: &[(u64, u64)], start: u64, end: u64) -> u64 {
+    let covered: u64 = regions
+        .iter()
+        .map(|&(a, b)| b.min(end).saturating_sub(a.max(start)))
+        .sum();
+    end.saturating_sub(start).saturating_sub(covered)
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::uncovered;
+
+    #[test]
+    fn uncovered_counts_the_holes_of_a_range() {
+        assert_eq!(uncovered(&[], 0, 100), 100);
+        assert_eq!(uncovered(&[(0, 100)], 0, 100), 0);
+        assert_eq!(uncovered(&[(10, 20), (50, 60)], 0, 100), 80);
+        assert_eq!(uncovered(&[(10, 20), (50, 60)], 15, 55), 30);
+        assert_eq!(uncovered(&[(10, 20)], 30, 40), 10);
+        assert_eq!(uncovered(&[(10, 20)], 40, 40), 0);
+        assert_eq!(uncovered(&[(0, u64::MAX)], 5, u64::MAX), 0);
     }
 }

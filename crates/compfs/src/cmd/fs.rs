@@ -33,7 +33,7 @@ pub struct MountArgs {
         value_name = "OPTIONS",
         help = "Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]], \
                 compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, \
-                threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime"
+                threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime, acl (default), noacl"
     )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).

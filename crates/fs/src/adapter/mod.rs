@@ -2,7 +2,8 @@
 //! its errno ([`compfs_store::Error::errno`]). The only things decided here are FUSE-specific:
 //! cache timeouts, init flags, the setgid-directory group rule (the store takes uid/gid as given),
 //! what the kernel leaves to a FUSE daemon (the privilege bits, [`crate::privilege`]; atime,
-//! [`crate::atime`]; how far a directory read goes while entries are renamed), and the
+//! [`crate::atime`]; POSIX ACLs kept in step with the mode and inherited, [`crate::acl`] and
+//! `acls`; how far a directory read goes while entries are renamed), and the
 //! read-only virtual xattrs that report usage and statistics.
 
 use std::collections::{HashMap, HashSet};
@@ -25,10 +26,12 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::acl;
 use crate::atime::{AtimeMode, AtimePolicy};
 use crate::privilege::Change;
 use crate::report;
 
+mod acls;
 mod convert;
 mod dirread;
 mod killpriv;
@@ -62,6 +65,8 @@ pub struct CompFs {
     next_dir_fh: AtomicU64,
     /// When reads, readdirs and readlinks update atime (mount options).
     atime: AtimePolicy,
+    /// POSIX ACLs enforced (mount option `acl`, the default; see [`acls`]).
+    acl: bool,
 }
 
 impl std::fmt::Debug for CompFs {
@@ -78,7 +83,14 @@ impl CompFs {
             dir_ends: Mutex::new(HashMap::new()),
             next_dir_fh: AtomicU64::new(1),
             atime: AtimePolicy::default(),
+            acl: true,
         }
+    }
+
+    /// Sets whether POSIX ACLs are supported (`acl`, the default) or refused (`noacl`).
+    pub fn with_acl(mut self, acl: bool) -> CompFs {
+        self.acl = acl;
+        self
     }
 
     /// Sets the mount's atime rules (`relatime` by default).
@@ -128,6 +140,24 @@ impl CompFs {
     fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
             Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Err(e) => reply.error(self.err(&e)),
+        }
+    }
+
+    /// Replies with a new inode `r` after storing its ACLs `acls`.
+    fn new_entry(
+        &self,
+        parent: Ino,
+        n: &OsStr,
+        r: Result<Attr, Error>,
+        acls: &acl::Created,
+        reply: ReplyEntry,
+    ) {
+        match r {
+            Ok(a) => match self.store_new_acls(parent, name(n), a, acls) {
+                Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(e),
+            },
             Err(e) => reply.error(self.err(&e)),
         }
     }
@@ -192,9 +222,20 @@ impl Filesystem for CompFs {
             // caches: it looks them up as "." (and their parents as ".."), see `lookup`.
             // Inode numbers are never reused, so generation 0 keeps handles unambiguous.
             | InitFlags::FUSE_EXPORT_SUPPORT;
+        // POSIX ACLs: the kernel enforces them and no longer applies the umask (DONT_MASK);
+        // default ACLs, the umask and keeping mode and ACL in step are ours (`acls`).
+        let wanted = if self.acl {
+            wanted | InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK
+        } else {
+            wanted
+        };
         let supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!("kernel refused FUSE capabilities {missing:?}");
+        }
+        if self.acl && !supported.contains(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK) {
+            tracing::warn!("kernel lacks FUSE POSIX ACL support; mounting noacl");
+            self.acl = false;
         }
         if !supported.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
             tracing::warn!("kernel lacks FUSE writeback cache; writes will be slower");
@@ -295,10 +336,17 @@ impl Filesystem for CompFs {
             }
             Ok(a)
         });
-        match r {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(self.err(&e)),
+        let a = match r {
+            Ok(a) => a,
+            Err(e) => return reply.error(self.err(&e)),
+        };
+        // chmod: the access ACL follows the new mode.
+        if mode.is_some() {
+            if let Err(e) = self.chmod_acl(a.ino, a.kind, a.perm) {
+                return reply.error(e);
+            }
         }
+        reply.attr(&TTL, &file_attr(&a))
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -318,7 +366,7 @@ impl Filesystem for CompFs {
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -329,10 +377,14 @@ impl Filesystem for CompFs {
             return reply.error(Errno::EINVAL);
         }
         let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, false);
-        self.entry(
-            self.store.mknod(parent.0, name(n), k, perm, uid, gid, rdev),
-            reply,
-        )
+        let acls = match self.new_inode_acls(parent.0, perm, umask, false) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        let r = self
+            .store
+            .mknod(parent.0, name(n), k, acls.perm, uid, gid, rdev);
+        self.new_entry(parent.0, n, r, &acls, reply)
     }
 
     fn mkdir(
@@ -341,11 +393,16 @@ impl Filesystem for CompFs {
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, true);
-        self.entry(self.store.mkdir(parent.0, name(n), perm, uid, gid), reply)
+        let acls = match self.new_inode_acls(parent.0, perm, umask, true) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        let r = self.store.mkdir(parent.0, name(n), acls.perm, uid, gid);
+        self.new_entry(parent.0, n, r, &acls, reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -647,7 +704,7 @@ impl Filesystem for CompFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         n: &OsStr,
         value: &[u8],
@@ -657,6 +714,12 @@ impl Filesystem for CompFs {
     ) {
         if report::is_virtual(name(n)) {
             return reply.error(Errno::EPERM);
+        }
+        if acl::is_acl_xattr(name(n)) {
+            return match self.set_acl(req, ino.0, name(n), value) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
         }
         let how = match flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
             0 => XattrSet::Any,
@@ -668,6 +731,9 @@ impl Filesystem for CompFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        if !self.acl && acl::is_acl_xattr(name(n)) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         let value = if report::is_virtual(name(n)) {
             report::virtual_xattr(&self.store, ino.0, name(n))
         } else {
@@ -684,6 +750,9 @@ impl Filesystem for CompFs {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names {
+                    if !self.acl && acl::is_acl_xattr(&n) {
+                        continue;
+                    }
                     buf.extend_from_slice(&n);
                     buf.push(0);
                 }
@@ -697,6 +766,12 @@ impl Filesystem for CompFs {
         if report::is_virtual(name(n)) {
             return reply.error(Errno::EPERM);
         }
+        if acl::is_acl_xattr(name(n)) {
+            return match self.remove_acl(ino.0, name(n)) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         self.finish(self.store.removexattr(ino.0, name(n)), reply)
     }
 
@@ -706,17 +781,25 @@ impl Filesystem for CompFs {
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, false);
+        let acls = match self.new_inode_acls(parent.0, perm, umask, false) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
         let attr = match self
             .store
-            .mknod(parent.0, name(n), FileKind::File, perm, uid, gid, 0)
+            .mknod(parent.0, name(n), FileKind::File, acls.perm, uid, gid, 0)
         {
             Ok(a) => a,
             Err(e) => return reply.error(self.err(&e)),
+        };
+        let attr = match self.store_new_acls(parent.0, name(n), attr, &acls) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
         };
         match self.store.open_file(attr.ino) {
             Ok(()) => reply.created(
