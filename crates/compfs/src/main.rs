@@ -27,6 +27,9 @@ enum Command {
     Umount(cmd::fs::UmountArgs),
     /// compsize-style report of disk usage for files on a mount (or a whole unmounted store).
     Usage(cmd::fs::UsageArgs),
+    /// Recompress files to a codec and level (btrfs filesystem defragment -r -c ALG -L LEVEL),
+    /// on a mount or in an unmounted store; extents already stored so are skipped.
+    Defrag(cmd::defrag::DefragArgs),
     /// Get or set a file's or directory's compression property.
     #[command(subcommand)]
     Property(cmd::fs::PropertyCommand),
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Command::Bench(b) => bench(b),
         Command::Mount(a) => cmd::fs::mount(a),
         Command::Usage(a) => cmd::fs::usage(a),
+        Command::Defrag(a) => cmd::defrag::run(a),
         Command::Property(c) => cmd::fs::property(c),
         Command::Stats(a) => cmd::fs::stats(a),
         Command::Umount(a) => cmd::fs::umount(a),

@@ -22,7 +22,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::report;
+use crate::{defrag, report};
 
 /// How long the kernel may cache attributes and directory entries. All changes go through this
 /// mount, so the kernel's caches are only stale if the store is changed behind its back, which
@@ -43,6 +43,8 @@ pub struct CompFs {
     store: Arc<Store>,
     /// (inode, offset) pairs already logged as corrupt: one log line each.
     corrupt_logged: Mutex<HashSet<(Ino, u64)>>,
+    /// Figures of `compfs.defrag` requests, for the requester to read back.
+    defrag: defrag::Answers,
 }
 
 impl std::fmt::Debug for CompFs {
@@ -56,6 +58,7 @@ impl CompFs {
         CompFs {
             store,
             corrupt_logged: Mutex::new(HashSet::new()),
+            defrag: defrag::Answers::default(),
         }
     }
 
@@ -76,6 +79,25 @@ impl CompFs {
     }
 
     /// Maps a store error to errno; corruption is logged once per (file, offset) with the path.
+    /// A `compfs.defrag` request (see [`crate::defrag`]): permission, then the rewrite.
+    fn defrag_request(&self, req: &Request, ino: Ino, value: &[u8]) -> Result<(), Errno> {
+        let target = defrag::parse_request(value).map_err(|_| Errno::EINVAL)?;
+        let attr = self.store.getattr(ino).map_err(|e| self.err(&e))?;
+        let groups = defrag::groups_of(req.pid());
+        if !defrag::may_write(&attr, req.uid(), req.gid(), &groups) {
+            return Err(Errno::EACCES);
+        }
+        if attr.kind == FileKind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let r = self
+            .store
+            .defrag(ino, &target, &mut |_| {})
+            .map_err(|e| self.err(&e))?;
+        self.defrag.put(ino, req.pid(), r);
+        Ok(())
+    }
+
     fn err(&self, e: &Error) -> Errno {
         if let Error::Corrupt {
             ino,
@@ -686,7 +708,7 @@ impl Filesystem for CompFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         n: &OsStr,
         value: &[u8],
@@ -694,6 +716,12 @@ impl Filesystem for CompFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if name(n) == defrag::DEFRAG_XATTR.as_bytes() {
+            return match self.defrag_request(req, ino.0, value) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         if report::is_virtual(name(n)) {
             return reply.error(Errno::EPERM);
         }
@@ -706,8 +734,13 @@ impl Filesystem for CompFs {
         self.finish(self.store.setxattr(ino.0, name(n), value, how), reply)
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        let value = if report::is_virtual(name(n)) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        let value = if name(n) == defrag::DEFRAG_XATTR.as_bytes() {
+            match self.defrag.get(ino.0, req.pid()) {
+                Some(r) => Ok(defrag::DefragRecord(r).encode()),
+                None => Err(Error::NoXattr),
+            }
+        } else if report::is_virtual(name(n)) {
             report::virtual_xattr(&self.store, ino.0, name(n))
         } else {
             self.store.getxattr(ino.0, name(n))
@@ -733,7 +766,7 @@ impl Filesystem for CompFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        if report::is_virtual(name(n)) {
+        if report::is_virtual(name(n)) || name(n) == defrag::DEFRAG_XATTR.as_bytes() {
             return reply.error(Errno::EPERM);
         }
         self.finish(self.store.removexattr(ino.0, name(n)), reply)

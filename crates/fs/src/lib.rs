@@ -4,6 +4,8 @@
 //! (virtual xattrs) on top.
 
 pub mod adapter;
+pub mod defrag;
+pub mod defrag_run;
 pub mod error;
 pub mod mount;
 pub mod options;
