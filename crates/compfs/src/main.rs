@@ -59,6 +59,9 @@ enum BenchCommand {
     Store(compfs_bench::store::Args),
     /// Judge the compression heuristic: agreement with real outcomes, speed, ratio vs force mode.
     Heuristic(compfs_bench::heuristic::Args),
+    /// Recompression: the corpus written at zstd:1, then defrag -c zstd:9, against writing at
+    /// zstd:9 directly (ratio, throughput, second identical run).
+    Recompress(compfs_bench::recompress::Args),
 }
 
 /// `compfs bench …`: the harness lives in the compfs-bench library.
@@ -69,6 +72,7 @@ fn bench(b: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Blk(a) => compfs_bench::blk::run(a),
         BenchCommand::Store(a) => compfs_bench::store::run(a),
         BenchCommand::Heuristic(a) => compfs_bench::heuristic::run(a),
+        BenchCommand::Recompress(a) => compfs_bench::recompress::run(a),
     }?;
     Ok(ExitCode::SUCCESS)
 }
