@@ -9,14 +9,16 @@
 //! until a commit is durable the old extents stay referenced, and the extents a rewrite frees
 //! are reclaimed by GC like any overwritten extent.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
 use compfs_codec::{CodecSpec, ExtentPolicy, Mode};
 use redb::ReadableDatabase;
 
-use crate::encode::{EncodedBlock, Out};
-use crate::error::Result;
-use crate::file::{kind_error, Dirty};
+use crate::encode::{encode_block, EncodeJob, EncodedBlock, Out};
+use crate::error::{Error, Result};
+use crate::file::kind_error;
 use crate::flush::FlushMeta;
 use crate::meta::{self, dec};
 use crate::read::inode_in;
@@ -124,6 +126,18 @@ fn came_out_raw(en: &EncodedBlock) -> bool {
 /// An extent a block references: (extent id, codec id, level).
 type BlockExtent = (u64, u8, i8);
 
+/// Batches of blocks compressing on the pool while this thread reads the next one.
+const PIPELINE_BATCHES: usize = 1;
+
+/// Blocks handed to the compression pool, waiting for their commit.
+struct Batch {
+    rx: Option<Receiver<(usize, Vec<EncodedBlock>)>>,
+    n: usize,
+    plans: BTreeMap<u64, BlockPlan>,
+    /// Block -> the extents it referenced (counted as rewritten once it is committed).
+    extents: BTreeMap<u64, Vec<u64>>,
+}
+
 /// Marks inline data among a block's extent ids (extent ids start at 1).
 const INLINE_ID: u64 = 0;
 
@@ -188,62 +202,95 @@ impl Store {
             r.extents_examined = examined.len() as u64;
             let list: Vec<(u64, Vec<BlockExtent>)> = blocks.into_iter().collect();
             let mut rewritten: BTreeSet<u64> = BTreeSet::new();
-            for chunk in list.chunks(inner.tuning.flush_blocks.max(2)) {
-                let mut d = Dirty {
-                    blocks: BTreeMap::new(),
-                    flying: BTreeMap::new(),
-                    pending: Default::default(),
-                    partial: BTreeMap::new(),
+            let inline_ok = size <= inner.sb.inline_max as u64;
+            // Batches being compressed on the pool: the next batch is read (decompressed) while
+            // the previous one compresses, and committed by this thread meanwhile.
+            let mut flying: VecDeque<Batch> = VecDeque::new();
+            let finish = |b: Batch, r: &mut DefragReport, rewritten: &mut BTreeSet<u64>| {
+                let mut results: Vec<EncodedBlock> = Vec::new();
+                let Some(rx) = b.rx else { return Ok(()) };
+                for _ in 0..b.n {
+                    match rx.recv() {
+                        Ok((_, v)) => results.extend(v),
+                        Err(_) => {
+                            return Err(Error::Io(std::io::Error::other("compression worker lost")))
+                        }
+                    }
+                }
+                let keep: Vec<EncodedBlock> = results
+                    .into_iter()
+                    .filter(|en| {
+                        b.plans.get(&en.0.block) != Some(&BlockPlan::IfShrinks) || !came_out_raw(en)
+                    })
+                    .collect();
+                if keep.is_empty() {
+                    return Ok(());
+                }
+                let done: Vec<u64> = keep.iter().map(|en| en.0.block).collect();
+                let meta = FlushMeta {
                     size,
-                    base_size: size,
                     mtime,
                     ctime: Timestamp::now(),
                     punch: Vec::new(),
                 };
-                let mut plans: BTreeMap<u64, BlockPlan> = BTreeMap::new();
+                inner
+                    .commit_encoded(ino, &meta, false, keep)
+                    .map_err(|er| inner.fail(er))?;
+                for blk in done {
+                    r.bytes_rewritten += span::block_len_in_file(size, blk, e) as u64;
+                    if let Some(xs) = b.extents.get(&blk) {
+                        rewritten.extend(xs.iter().copied());
+                    }
+                }
+                r.extents_rewritten = rewritten.len() as u64;
+                Ok(())
+            };
+            for chunk in list.chunks(inner.tuning.flush_blocks.max(2)) {
+                let mut batch = Batch {
+                    rx: None,
+                    n: 0,
+                    plans: BTreeMap::new(),
+                    extents: BTreeMap::new(),
+                };
+                let mut jobs: Vec<EncodeJob> = Vec::new();
                 for (b, xs) in chunk {
-                    r.bytes_examined += span::block_len_in_file(size, *b, e) as u64;
+                    let b = *b;
+                    r.bytes_examined += span::block_len_in_file(size, b, e) as u64;
                     let codecs: Vec<(u8, i8)> = xs.iter().map(|x| (x.1, x.2)).collect();
                     let plan = plan_block(&codecs, want);
                     if plan == BlockPlan::Skip {
                         continue;
                     }
-                    plans.insert(*b, plan);
+                    batch.plans.insert(b, plan);
+                    batch.extents.insert(b, xs.iter().map(|x| x.0).collect());
                     let mut v = vec![0u8; e as usize];
-                    let _g = inner.seg_barrier.read();
-                    let txn = inner.db.begin_read()?;
-                    inner.read_persisted(&txn, ino, b * e, &mut v)?;
-                    d.blocks.insert(*b, v);
+                    {
+                        let _g = inner.seg_barrier.read();
+                        let txn = inner.db.begin_read()?;
+                        inner.read_persisted(&txn, ino, b * e, &mut v)?;
+                    }
+                    let src = Arc::new(v);
+                    let len = span::block_len_in_file(size, b, e);
+                    let inline = inline_ok && b == 0;
+                    jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
+                        (encode_block(enc, &policy, b, &src[..len], inline), src)
+                    }));
                 }
-                if !plans.is_empty() {
-                    let results = inner.encode_dirty(ino, &mut d, policy)?;
-                    let keep: Vec<EncodedBlock> = results
-                        .into_iter()
-                        .filter(|en| {
-                            plans.get(&en.0.block) != Some(&BlockPlan::IfShrinks)
-                                || !came_out_raw(en)
-                        })
-                        .collect();
-                    if !keep.is_empty() {
-                        let done: Vec<u64> = keep.iter().map(|en| en.0.block).collect();
-                        let meta = FlushMeta {
-                            size,
-                            mtime,
-                            ctime: d.ctime,
-                            punch: Vec::new(),
-                        };
-                        inner
-                            .commit_encoded(ino, &meta, false, keep)
-                            .map_err(|er| inner.fail(er))?;
-                        for b in done {
-                            r.bytes_rewritten += span::block_len_in_file(size, b, e) as u64;
-                            if let Some((_, xs)) = chunk.iter().find(|(cb, _)| *cb == b) {
-                                rewritten.extend(xs.iter().map(|x| x.0));
-                            }
-                        }
+                if !jobs.is_empty() {
+                    let (rx, n) = inner.submit_grouped(jobs);
+                    batch.rx = Some(rx);
+                    batch.n = n;
+                    flying.push_back(batch);
+                }
+                while flying.len() > PIPELINE_BATCHES {
+                    if let Some(b) = flying.pop_front() {
+                        finish(b, &mut r, &mut rewritten)?;
                     }
                 }
-                r.extents_rewritten = rewritten.len() as u64;
+                progress(&r);
+            }
+            while let Some(b) = flying.pop_front() {
+                finish(b, &mut r, &mut rewritten)?;
                 progress(&r);
             }
             r.extents_rewritten = rewritten.len() as u64;
