@@ -22,9 +22,9 @@ use crate::file::kind_error;
 use crate::flush::FlushMeta;
 use crate::meta::{self, dec};
 use crate::read::inode_in;
-use crate::records::{ExtentRec, MapRec};
+use crate::records::{ExtentRec, InodeRec, MapRec};
 use crate::span;
-use crate::store::Store;
+use crate::store::{Inner, Store};
 use crate::types::*;
 
 /// What `defrag` rewrites to. `spec: None` keeps each file's own policy (its
@@ -130,22 +130,91 @@ type BlockExtent = (u64, u8, i8);
 const PIPELINE_BATCHES: usize = 1;
 
 /// Blocks handed to the compression pool, waiting for their commit.
+#[derive(Default)]
 struct Batch {
     rx: Option<Receiver<(usize, Vec<EncodedBlock>)>>,
     n: usize,
-    plans: BTreeMap<u64, BlockPlan>,
-    /// Block -> the extents it referenced (counted as rewritten once it is committed).
-    extents: BTreeMap<u64, Vec<u64>>,
+    /// Block -> its plan and what it referenced when read.
+    blocks: BTreeMap<u64, (BlockPlan, BlockNow)>,
+    /// File size when the blocks were read.
+    size: u64,
 }
 
 /// Marks inline data among a block's extent ids (extent ids start at 1).
 const INLINE_ID: u64 = 0;
 
+impl Inner {
+    /// What each block in `blocks` of a file references now, read in `txn`: the block's
+    /// extents (for the plan) and its map entries (to see later whether it changed). Map
+    /// entries never cross a block boundary (every extent is written for one block).
+    fn blocks_now(
+        &self,
+        txn: &redb::ReadTransaction,
+        ino: Ino,
+        rec: &InodeRec,
+        blocks: std::ops::RangeInclusive<u64>,
+    ) -> Result<BTreeMap<u64, BlockNow>> {
+        let e = self.sb.extent_size as u64;
+        let mut out: BTreeMap<u64, BlockNow> = BTreeMap::new();
+        if let Some(i) = &rec.inline {
+            if blocks.contains(&0) {
+                let b = out.entry(0).or_default();
+                b.extents.push((INLINE_ID, i.codec, i.level));
+                b.key.push((0, INLINE_ID, 0, i.raw_len));
+            }
+        }
+        let map = txn.open_table(meta::EXTMAP)?;
+        let extents = txn.open_table(meta::EXTENTS)?;
+        let from = blocks.start().saturating_mul(e);
+        let to = blocks.end().saturating_add(1).saturating_mul(e);
+        for row in map.range((ino, from)..(ino, to))? {
+            let (k, m) = row?;
+            let off = k.value().1;
+            let m = dec(MapRec::decode(m.value()))?;
+            let x = match extents.get(m.extent)? {
+                Some(v) => dec(ExtentRec::decode(v.value()))?,
+                None => return Err(meta::corrupt("map entry names a missing extent")),
+            };
+            for b in span::blocks_of(off, m.len as u64, e).into_iter().flatten() {
+                let bn = out.entry(b).or_default();
+                bn.extents.push((m.extent, x.codec, x.level));
+                bn.key.push((off, m.extent, m.ext_offset, m.len));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A block as the metadata has it at one moment.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct BlockNow {
+    extents: Vec<BlockExtent>,
+    /// (file offset, extent id, offset in the extent, length) of its map entries (inline data:
+    /// extent id 0): equal keys mean equal contents, since extent contents never change and
+    /// ids are not reused within a session.
+    key: Vec<(u64, u64, u32, u32)>,
+}
+
 impl Store {
     /// Rewrites the blocks of regular file `ino` that are not stored as `target` asks (see the
     /// module documentation). `progress` is called with the file's running figures after each
     /// batch of blocks. Commits are non-durable, like writes: [`Store::sync`] makes them durable.
+    ///
+    /// The file is locked only while a batch is read and while one is committed, so readers,
+    /// writers and the background flusher are not held up for the whole file. A block changed
+    /// by anyone between its read and its commit is left as the other writer made it.
     pub fn defrag(
+        &self,
+        ino: Ino,
+        target: &DefragTarget,
+        progress: &mut dyn FnMut(&DefragReport),
+    ) -> Result<DefragReport> {
+        let res = self.defrag_inner(ino, target, progress);
+        self.inner.maybe_forget(ino);
+        res
+    }
+
+    fn defrag_inner(
         &self,
         ino: Ino,
         target: &DefragTarget,
@@ -156,147 +225,160 @@ impl Store {
         let e = inner.sb.extent_size as u64;
         let policy = target.resolve(inner.file_policy(ino)?);
         let want = (policy.spec.algorithm().id(), policy.spec.level() as i8);
-        inner.with_file(ino, |st| {
+        let mut r = DefragReport {
+            files: 1,
+            ..DefragReport::default()
+        };
+        // The blocks with data when the run starts (blocks written later are written with the
+        // file's policy anyway).
+        let blocks: Vec<u64> = inner.with_file(ino, |st| {
             inner.flush_locked(ino, st, false)?;
-            let mut r = DefragReport {
-                files: 1,
-                ..DefragReport::default()
+            let txn = inner.db.begin_read()?;
+            let rec = inode_in(&txn, ino)?;
+            if rec.kind != FileKind::File {
+                return Err(kind_error(rec.kind));
+            }
+            r.disk_before = disk_of(&rec);
+            let now = inner.blocks_now(&txn, ino, &rec, 0..=u64::MAX / e)?;
+            let examined: BTreeSet<u64> =
+                now.values().flat_map(|b| &b.extents).map(|x| x.0).collect();
+            r.extents_examined = examined.len() as u64;
+            Ok(now.into_keys().collect())
+        })?;
+        let mut rewritten: BTreeSet<u64> = BTreeSet::new();
+        // Batches being compressed on the pool: the next batch is read (decompressed) while
+        // the previous one compresses, and committed by this thread meanwhile.
+        let mut flying: VecDeque<Batch> = VecDeque::new();
+        for chunk in blocks.chunks(inner.tuning.flush_blocks.max(2)) {
+            let (Some(&first), Some(&last)) = (chunk.first(), chunk.last()) else {
+                continue;
             };
-            // Block -> (extent id, codec, level) of everything the block references.
-            let mut blocks: BTreeMap<u64, Vec<BlockExtent>> = BTreeMap::new();
-            let (size, mtime) = {
+            let mut batch = Batch::default();
+            let mut jobs: Vec<EncodeJob> = Vec::new();
+            inner.with_file(ino, |st| {
+                if st.dirty.is_some() {
+                    inner.flush_locked(ino, st, false)?;
+                }
+                let _g = inner.seg_barrier.read();
                 let txn = inner.db.begin_read()?;
                 let rec = inode_in(&txn, ino)?;
-                if rec.kind != FileKind::File {
-                    return Err(kind_error(rec.kind));
-                }
-                r.disk_before = disk_of(&rec);
-                if let Some(i) = &rec.inline {
-                    blocks
-                        .entry(0)
-                        .or_default()
-                        .push((INLINE_ID, i.codec, i.level));
-                }
-                let map = txn.open_table(meta::EXTMAP)?;
-                let extents = txn.open_table(meta::EXTENTS)?;
-                for row in map.range((ino, 0)..=(ino, u64::MAX))? {
-                    let (k, m) = row?;
-                    let m = dec(MapRec::decode(m.value()))?;
-                    let x = match extents.get(m.extent)? {
-                        Some(v) => dec(ExtentRec::decode(v.value()))?,
-                        None => return Err(meta::corrupt("map entry names a missing extent")),
-                    };
-                    for b in span::blocks_of(k.value().1, m.len as u64, e)
-                        .into_iter()
-                        .flatten()
-                    {
-                        blocks
-                            .entry(b)
-                            .or_default()
-                            .push((m.extent, x.codec, x.level));
-                    }
-                }
-                (rec.size, rec.mtime)
-            };
-            let examined: BTreeSet<u64> = blocks.values().flatten().map(|x| x.0).collect();
-            r.extents_examined = examined.len() as u64;
-            let list: Vec<(u64, Vec<BlockExtent>)> = blocks.into_iter().collect();
-            let mut rewritten: BTreeSet<u64> = BTreeSet::new();
-            let inline_ok = size <= inner.sb.inline_max as u64;
-            // Batches being compressed on the pool: the next batch is read (decompressed) while
-            // the previous one compresses, and committed by this thread meanwhile.
-            let mut flying: VecDeque<Batch> = VecDeque::new();
-            let finish = |b: Batch, r: &mut DefragReport, rewritten: &mut BTreeSet<u64>| {
-                let mut results: Vec<EncodedBlock> = Vec::new();
-                let Some(rx) = b.rx else { return Ok(()) };
-                for _ in 0..b.n {
-                    match rx.recv() {
-                        Ok((_, v)) => results.extend(v),
-                        Err(_) => {
-                            return Err(Error::Io(std::io::Error::other("compression worker lost")))
-                        }
-                    }
-                }
-                let keep: Vec<EncodedBlock> = results
-                    .into_iter()
-                    .filter(|en| {
-                        b.plans.get(&en.0.block) != Some(&BlockPlan::IfShrinks) || !came_out_raw(en)
-                    })
-                    .collect();
-                if keep.is_empty() {
-                    return Ok(());
-                }
-                let done: Vec<u64> = keep.iter().map(|en| en.0.block).collect();
-                let meta = FlushMeta {
-                    size,
-                    mtime,
-                    ctime: Timestamp::now(),
-                    punch: Vec::new(),
-                };
-                inner
-                    .commit_encoded(ino, &meta, false, keep)
-                    .map_err(|er| inner.fail(er))?;
-                for blk in done {
-                    r.bytes_rewritten += span::block_len_in_file(size, blk, e) as u64;
-                    if let Some(xs) = b.extents.get(&blk) {
-                        rewritten.extend(xs.iter().copied());
-                    }
-                }
-                r.extents_rewritten = rewritten.len() as u64;
-                Ok(())
-            };
-            for chunk in list.chunks(inner.tuning.flush_blocks.max(2)) {
-                let mut batch = Batch {
-                    rx: None,
-                    n: 0,
-                    plans: BTreeMap::new(),
-                    extents: BTreeMap::new(),
-                };
-                let mut jobs: Vec<EncodeJob> = Vec::new();
-                for (b, xs) in chunk {
-                    let b = *b;
-                    r.bytes_examined += span::block_len_in_file(size, b, e) as u64;
-                    let codecs: Vec<(u8, i8)> = xs.iter().map(|x| (x.1, x.2)).collect();
+                let now = inner.blocks_now(&txn, ino, &rec, first..=last)?;
+                let inline_ok = rec.size <= inner.sb.inline_max as u64;
+                batch.size = rec.size;
+                for &b in chunk {
+                    let len = span::block_len_in_file(rec.size, b, e);
+                    r.bytes_examined += len as u64;
+                    let Some(bn) = now.get(&b) else { continue };
+                    let codecs: Vec<(u8, i8)> = bn.extents.iter().map(|x| (x.1, x.2)).collect();
                     let plan = plan_block(&codecs, want);
-                    if plan == BlockPlan::Skip {
+                    if plan == BlockPlan::Skip || len == 0 {
                         continue;
                     }
-                    batch.plans.insert(b, plan);
-                    batch.extents.insert(b, xs.iter().map(|x| x.0).collect());
                     let mut v = vec![0u8; e as usize];
-                    {
-                        let _g = inner.seg_barrier.read();
-                        let txn = inner.db.begin_read()?;
-                        inner.read_persisted(&txn, ino, b * e, &mut v)?;
-                    }
+                    inner.read_persisted(&txn, ino, b * e, &mut v)?;
+                    batch.blocks.insert(b, (plan, bn.clone()));
                     let src = Arc::new(v);
-                    let len = span::block_len_in_file(size, b, e);
                     let inline = inline_ok && b == 0;
                     jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
                         (encode_block(enc, &policy, b, &src[..len], inline), src)
                     }));
                 }
-                if !jobs.is_empty() {
-                    let (rx, n) = inner.submit_grouped(jobs);
-                    batch.rx = Some(rx);
-                    batch.n = n;
-                    flying.push_back(batch);
-                }
-                while flying.len() > PIPELINE_BATCHES {
-                    if let Some(b) = flying.pop_front() {
-                        finish(b, &mut r, &mut rewritten)?;
-                    }
-                }
-                progress(&r);
+                Ok(())
+            })?;
+            if !jobs.is_empty() {
+                let (rx, n) = inner.submit_grouped(jobs);
+                batch.rx = Some(rx);
+                batch.n = n;
+                flying.push_back(batch);
             }
-            while let Some(b) = flying.pop_front() {
-                finish(b, &mut r, &mut rewritten)?;
-                progress(&r);
+            while flying.len() > PIPELINE_BATCHES {
+                if let Some(b) = flying.pop_front() {
+                    self.commit_batch(ino, b, &mut r, &mut rewritten)?;
+                }
+            }
+            progress(&r);
+        }
+        while let Some(b) = flying.pop_front() {
+            self.commit_batch(ino, b, &mut r, &mut rewritten)?;
+            progress(&r);
+        }
+        r.extents_rewritten = rewritten.len() as u64;
+        r.extents_skipped = r.extents_examined.saturating_sub(r.extents_rewritten);
+        r.disk_after = disk_of(&inner.inode(ino)?);
+        Ok(r)
+    }
+
+    /// Waits for a batch's compression and commits the blocks that are still as they were read
+    /// (and, for blocks that were raw, only those that came out compressed).
+    fn commit_batch(
+        &self,
+        ino: Ino,
+        b: Batch,
+        r: &mut DefragReport,
+        rewritten: &mut BTreeSet<u64>,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let e = inner.sb.extent_size as u64;
+        let Some(rx) = b.rx else { return Ok(()) };
+        let mut results: Vec<EncodedBlock> = Vec::new();
+        for _ in 0..b.n {
+            match rx.recv() {
+                Ok((_, v)) => results.extend(v),
+                Err(_) => return Err(Error::Io(std::io::Error::other("compression worker lost"))),
+            }
+        }
+        results.retain(|en| {
+            b.blocks
+                .get(&en.0.block)
+                .is_some_and(|(plan, _)| *plan != BlockPlan::IfShrinks || !came_out_raw(en))
+        });
+        if results.is_empty() {
+            return Ok(());
+        }
+        let (Some(first), Some(last)) = (
+            results.iter().map(|en| en.0.block).min(),
+            results.iter().map(|en| en.0.block).max(),
+        ) else {
+            return Ok(());
+        };
+        inner.with_file(ino, |st| {
+            if st.dirty.is_some() {
+                inner.flush_locked(ino, st, false)?;
+            }
+            let rec = inner.inode(ino)?;
+            if rec.size != b.size {
+                // Truncated or extended meanwhile: the encoded lengths may be stale.
+                return Ok(());
+            }
+            let now = {
+                let txn = inner.db.begin_read()?;
+                inner.blocks_now(&txn, ino, &rec, first..=last)?
+            };
+            results.retain(|en| {
+                let blk = en.0.block;
+                b.blocks.get(&blk).map(|x| &x.1) == now.get(&blk)
+            });
+            if results.is_empty() {
+                return Ok(());
+            }
+            let done: Vec<u64> = results.iter().map(|en| en.0.block).collect();
+            let meta = FlushMeta {
+                size: rec.size,
+                mtime: rec.mtime,
+                ctime: Timestamp::now(),
+                punch: Vec::new(),
+            };
+            inner
+                .commit_encoded(ino, &meta, false, std::mem::take(&mut results))
+                .map_err(|er| inner.fail(er))?;
+            for blk in done {
+                r.bytes_rewritten += span::block_len_in_file(rec.size, blk, e) as u64;
+                if let Some((_, bn)) = b.blocks.get(&blk) {
+                    rewritten.extend(bn.extents.iter().map(|x| x.0));
+                }
             }
             r.extents_rewritten = rewritten.len() as u64;
-            r.extents_skipped = r.extents_examined - r.extents_rewritten;
-            r.disk_after = disk_of(&inner.inode(ino)?);
-            Ok(r)
+            Ok(())
         })
     }
 
@@ -317,7 +399,7 @@ impl Store {
 }
 
 /// Stored bytes of a file: its extents plus its inline data.
-fn disk_of(rec: &crate::records::InodeRec) -> u64 {
+fn disk_of(rec: &InodeRec) -> u64 {
     rec.disk_bytes
         .saturating_add(rec.inline.as_ref().map_or(0, |i| i.bytes.len() as u64))
 }
