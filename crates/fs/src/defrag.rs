@@ -1,7 +1,7 @@
 //! The `compfs.defrag` channel: how `compfs defrag` recompresses files on a mounted filesystem.
 //!
-//! * **Request**: `setxattr(FILE, "compfs.defrag", SPEC)` runs [`Store::defrag`] on `FILE` in the
-//!   daemon and returns when the file is done. `SPEC` is ASCII, space-separated tokens, each at
+//! * **Request**: `setxattr(FILE, "compfs.defrag", SPEC)` runs
+//!   [`compfs_store::Store::defrag`] on `FILE` in the daemon and returns when the file is done. `SPEC` is ASCII, space-separated tokens, each at
 //!   most once: `codec=ALG[:LEVEL]` (`none` for `--nocomp`), `level=N` (`-L`), `force`
 //!   (`--force`); an empty value uses the file's own policy ([`encode_request`],
 //!   [`parse_request`]). A malformed value is `EINVAL`, a directory `EISDIR`.

@@ -100,7 +100,7 @@ impl Inner {
 }
 
 /// "zstd:9" for a codec with levels, the bare name for one without ("none", "lzo", "lz4"), as
-/// recorded per extent; an unknown codec id is shown as "codec<ID>".
+/// recorded per extent; an unknown codec id is shown as `codec<ID>`.
 pub fn codec_level_label(codec: u8, level: i8) -> String {
     match Algorithm::from_id(codec) {
         Some(a) if a.has_levels() => format!("{}:{level}", a.name()),
