@@ -4,7 +4,8 @@
 //!   [`compfs_store::Store::defrag`] on `FILE` in the daemon and returns when the file is done.
 //!   `SPEC` is ASCII, space-separated tokens, each at most once: `codec=ALG[:LEVEL]` (`none`
 //!   for `--nocomp`), `level=N` (`-L`), `force` (`--force`); an empty value uses the file's own
-//!   policy ([`encode_request`], [`parse_request`]). A malformed value is `EINVAL`, a directory `EISDIR`.
+//!   policy ([`encode_request`], [`parse_request`]). A malformed value is `EINVAL`, a
+//!   directory `EISDIR`.
 //! * **Answer**: `getxattr(FILE, "compfs.defrag")` from the same process returns the figures of
 //!   its last request on that file, as a [`DefragRecord`] (`compfs-defrag 1` then `key value`
 //!   lines). The daemon keeps the last [`MAX_RESULTS`] answers; a getxattr without a request
