@@ -293,3 +293,22 @@ fn written(mnt: &Path) -> u64 {
         .parse()
         .unwrap()
 }
+
+/// Argument errors are one-line messages (no FUSE needed).
+#[test]
+fn defrag_argument_errors() {
+    let (ok, _, err) = compfs(&["defrag", "--nocomp", "-c", "zstd", "/tmp"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    let (ok, _, err) = compfs(&["defrag", "-c", "zip", "/tmp"]);
+    assert!(!ok && err.contains("invalid -c 'zip'"), "{err}");
+    let (ok, _, err) = compfs(&["defrag"]);
+    assert!(!ok && err.contains("PATHS"), "{err}");
+    let t = TempDir::new("defrag-args");
+    let (ok, _, err) = compfs(&["defrag", "-r", t.path().to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("not on a mounted compfs filesystem"),
+        "{err}"
+    );
+    let (ok, _, err) = compfs(&["defrag", t.path().join("nothing/here").to_str().unwrap()]);
+    assert!(!ok && err.contains("not a compfs store directory"), "{err}");
+}
