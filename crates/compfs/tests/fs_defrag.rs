@@ -312,3 +312,36 @@ fn defrag_argument_errors() {
     let (ok, _, err) = compfs(&["defrag", t.path().join("nothing/here").to_str().unwrap()]);
     assert!(!ok && err.contains("not a compfs store directory"), "{err}");
 }
+
+/// On a mount, progress within one big file comes from polling the daemon's running figures.
+#[test]
+fn progress_within_a_file_on_a_mount() {
+    require_fuse!();
+    let t = TempDir::new("defrag-progress");
+    let store = t.path().join("store");
+    mkstore(&store, "zstd:1", Mode::Force, 128 << 10);
+    let m = Mount::new(&store, &t.path().join("mnt"), "");
+    let data = text_bytes(48 << 20, 5);
+    fs::write(m.path("big"), &data).unwrap();
+    let plan = compfs_fs::defrag_run::plan(&[m.path("big")], false).unwrap();
+    let target = compfs_store::DefragTarget {
+        spec: Some(compfs_store::CodecSpec::parse("zstd:9").unwrap().spec),
+        level: None,
+        force: true,
+    };
+    let seen = std::sync::Mutex::new(Vec::new());
+    let total = compfs_fs::defrag_run::run(
+        plan,
+        &target,
+        &|r| seen.lock().unwrap().push(r.bytes_examined),
+        &mut |e| panic!("{e}"),
+    );
+    assert_eq!(total.bytes_examined, data.len() as u64);
+    let seen = seen.into_inner().unwrap();
+    assert!(
+        seen.iter().any(|&b| b > 0 && b < total.bytes_examined),
+        "no progress within the file: {seen:?}"
+    );
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    assert!(fs::read(m.path("big")).unwrap() == data);
+}

@@ -83,7 +83,7 @@ impl CompFs {
     fn defrag_request(&self, req: &Request, ino: Ino, value: &[u8]) -> Result<(), Errno> {
         let target = defrag::parse_request(value).map_err(|_| Errno::EINVAL)?;
         let attr = self.store.getattr(ino).map_err(|e| self.err(&e))?;
-        let groups = defrag::groups_of(req.pid());
+        let (caller, groups) = defrag::caller_of(req.pid());
         if !defrag::may_write(&attr, req.uid(), req.gid(), &groups) {
             return Err(Errno::EACCES);
         }
@@ -92,9 +92,9 @@ impl CompFs {
         }
         let r = self
             .store
-            .defrag(ino, &target, &mut |_| {})
+            .defrag(ino, &target, &mut |r| self.defrag.put(ino, caller, *r))
             .map_err(|e| self.err(&e))?;
-        self.defrag.put(ino, req.pid(), r);
+        self.defrag.put(ino, caller, r);
         Ok(())
     }
 
@@ -736,7 +736,7 @@ impl Filesystem for CompFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let value = if name(n) == defrag::DEFRAG_XATTR.as_bytes() {
-            match self.defrag.get(ino.0, req.pid()) {
+            match self.defrag.get(ino.0, defrag::caller_of(req.pid()).0) {
                 Some(r) => Ok(defrag::DefragRecord(r).encode()),
                 None => Err(Error::NoXattr),
             }

@@ -6,17 +6,18 @@
 //!   for `--nocomp`), `level=N` (`-L`), `force` (`--force`); an empty value uses the file's own
 //!   policy ([`encode_request`], [`parse_request`]). A malformed value is `EINVAL`, a
 //!   directory `EISDIR`.
-//! * **Answer**: `getxattr(FILE, "compfs.defrag")` from the same process returns the figures of
-//!   its last request on that file, as a [`DefragRecord`] (`compfs-defrag 1` then `key value`
-//!   lines). The daemon keeps the last [`MAX_RESULTS`] answers; a getxattr without a request
-//!   is `ENODATA`. The name is not listed by listxattr and cannot be removed (`EPERM`).
+//! * **Answer**: `getxattr(FILE, "compfs.defrag")` from the same process (any of its threads)
+//!   returns the figures of its last request on that file, the running figures while the
+//!   request is still being served (so another thread can show progress within a big file),
+//!   as a [`DefragRecord`] (`compfs-defrag 1` then `key value` lines). The daemon keeps the
+//!   last [`MAX_RESULTS`] answers; a getxattr without a request is `ENODATA`. The name is not listed by listxattr and cannot be removed (`EPERM`).
 //! * **Permission**: any user who may write the file. The kernel calls
 //!   `inode_permission(MAY_WRITE)` before passing a setxattr whose name is outside the
 //!   `security.`, `system.`, `trusted.` and `user.` namespaces (fs/xattr.c `xattr_permission()`),
 //!   and compfs mounts with `default_permissions`, so the kernel already refuses (`EACCES`) a
 //!   user without write permission; fuser passes the request through unchecked. The daemon
 //!   checks again from the request's uid, gid and the caller's supplementary groups
-//!   (`/proc/PID/status`) with the file's mode ([`may_write`]), so the rule does not depend on
+//!   (`/proc/TID/status`, [`caller_of`]) with the file's mode ([`may_write`]), so the rule does not depend on
 //!   the kernel's choice for unknown namespaces. Root (uid 0) may write any file, as with
 //!   `CAP_DAC_OVERRIDE`.
 
@@ -160,21 +161,29 @@ pub fn may_write(attr: &Attr, uid: u32, gid: u32, groups: &[u32]) -> bool {
     attr.perm & 0o002 != 0
 }
 
-/// Supplementary groups of a process (the `Groups:` line of `/proc/PID/status`); empty when
-/// unreadable (the process may have exited), which only narrows what [`may_write`] allows.
-pub fn groups_of(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Groups:").map(|g| {
-                    g.split_ascii_whitespace()
-                        .filter_map(|n| n.parse().ok())
-                        .collect()
-                })
-            })
-        })
-        .unwrap_or_default()
+/// The caller's process (thread group) and supplementary groups, from `/proc/TID/status` (the
+/// FUSE request carries the calling thread's id): `(tgid, groups)`. Unreadable (the caller
+/// exited): the thread id and no groups, which only narrows what [`may_write`] allows.
+pub fn caller_of(tid: u32) -> (u32, Vec<u32>) {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    parse_status(&status, tid)
+}
+
+/// `Tgid:` and `Groups:` of a `/proc/PID/status` text (see [`caller_of`]).
+fn parse_status(status: &str, tid: u32) -> (u32, Vec<u32>) {
+    let mut tgid = tid;
+    let mut groups = Vec::new();
+    for l in status.lines() {
+        if let Some(v) = l.strip_prefix("Tgid:") {
+            tgid = v.trim().parse().unwrap_or(tid);
+        } else if let Some(g) = l.strip_prefix("Groups:") {
+            groups = g
+                .split_ascii_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect();
+        }
+    }
+    (tgid, groups)
 }
 
 /// The answers waiting to be read, keyed by (inode, requesting process).
@@ -305,6 +314,17 @@ mod tests {
         assert!(!may_write(&a(0o446), 2000, 100, &[]), "group class decides");
         assert!(may_write(&a(0o442), 2000, 1, &[]));
         assert!(!may_write(&a(0o644), 2000, 1, &[]));
+    }
+
+    #[test]
+    fn proc_status_gives_thread_group_and_groups() {
+        let st = "Name:\tx\nTgid:\t41\nPid:\t42\nGroups:\t4 24 100 \nNgid:\t0\n";
+        assert_eq!(parse_status(st, 42), (41, vec![4, 24, 100]));
+        assert_eq!(parse_status("", 42), (42, vec![]));
+        assert_eq!(parse_status("Tgid: x\nGroups:\n", 7), (7, vec![]));
+        // This process, asked from the main thread.
+        let (tgid, _) = caller_of(std::process::id());
+        assert_eq!(tgid, std::process::id());
     }
 
     #[test]

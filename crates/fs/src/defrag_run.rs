@@ -267,18 +267,49 @@ pub fn defrag_mounted(path: &Path, target: &DefragTarget) -> Result<DefragReport
     Ok(DefragRecord::decode(&rec)?.0)
 }
 
-/// Processes a plan: `progress` gets the running total after each batch (unmounted stores) or
-/// file (mounts); `failed` gets each file that failed (the others go on). Stores are synced and
-/// closed at the end.
+/// How often the running figures of a file on a mount are fetched while it is defragged.
+const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Processes a plan: `progress` gets the running total after each batch (unmounted stores; on
+/// mounts, from a second thread that polls the daemon's running figures every 100 ms while a
+/// file is served) and after each file; `failed` gets each file that failed (the others go on).
+/// Stores are synced and closed at the end.
 pub fn run(
     plan: Plan,
     target: &DefragTarget,
-    progress: &mut dyn FnMut(&DefragReport),
+    progress: &(dyn Fn(&DefragReport) + Sync),
     failed: &mut dyn FnMut(DefragError),
 ) -> DefragReport {
     let mut total = DefragReport::default();
     for (p, _) in &plan.mounted {
-        match defrag_mounted(p, target) {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let res = std::thread::scope(|sc| {
+            let base = total;
+            let (done, path) = (&done, p.as_path());
+            sc.spawn(move || {
+                let mut waited = std::time::Duration::ZERO;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    waited += std::time::Duration::from_millis(10);
+                    if waited < POLL {
+                        continue;
+                    }
+                    waited = std::time::Duration::ZERO;
+                    let rec = xattr::get(path, DEFRAG_XATTR).ok().flatten();
+                    if let Some(Ok(DefragRecord(r))) = rec.map(|v| DefragRecord::decode(&v)) {
+                        if !done.load(std::sync::atomic::Ordering::SeqCst) {
+                            let mut t = base;
+                            t.add(&r);
+                            progress(&t);
+                        }
+                    }
+                }
+            });
+            let res = defrag_mounted(p, target);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            res
+        });
+        match res {
             Ok(r) => total.add(&r),
             Err(e) => failed(e),
         }

@@ -95,7 +95,7 @@ pub fn run(a: DefragArgs) -> Result<ExitCode> {
     let total = defrag_run::run(
         plan,
         &t,
-        &mut |r| {
+        &|r| {
             if let Some(b) = &bar {
                 b.set_position(r.bytes_examined);
                 b.set_message(HumanBytes(r.bytes_rewritten).to_string());
