@@ -10,15 +10,16 @@
 //!   returns the figures of its last request on that file, the running figures while the
 //!   request is still being served (so another thread can show progress within a big file),
 //!   as a [`DefragRecord`] (`compfs-defrag 1` then `key value` lines). The daemon keeps the
-//!   last [`MAX_RESULTS`] answers; a getxattr without a request is `ENODATA`. The name is not listed by listxattr and cannot be removed (`EPERM`).
+//!   last [`MAX_RESULTS`] answers; a getxattr without a request is `ENODATA`. The name is not
+//!   listed by listxattr and cannot be removed (`EPERM`).
 //! * **Permission**: any user who may write the file. The kernel calls
 //!   `inode_permission(MAY_WRITE)` before passing a setxattr whose name is outside the
 //!   `security.`, `system.`, `trusted.` and `user.` namespaces (fs/xattr.c `xattr_permission()`),
 //!   and compfs mounts with `default_permissions`, so the kernel already refuses (`EACCES`) a
 //!   user without write permission; fuser passes the request through unchecked. The daemon
 //!   checks again from the request's uid, gid and the caller's supplementary groups
-//!   (`/proc/TID/status`, [`caller_of`]) with the file's mode ([`may_write`]), so the rule does not depend on
-//!   the kernel's choice for unknown namespaces. Root (uid 0) may write any file, as with
+//!   (`/proc/TID/status`, [`caller_of`]) with the file's mode ([`may_write`]), so the rule does
+//!   not depend on the kernel's choice for unknown namespaces. Root (uid 0) may write any file, as with
 //!   `CAP_DAC_OVERRIDE`.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -169,7 +170,7 @@ pub fn caller_of(tid: u32) -> (u32, Vec<u32>) {
     parse_status(&status, tid)
 }
 
-/// `Tgid:` and `Groups:` of a `/proc/PID/status` text (see [`caller_of`]).
+/// `Tgid:` and `Groups:` of a `/proc/TID/status` text (see [`caller_of`]).
 fn parse_status(status: &str, tid: u32) -> (u32, Vec<u32>) {
     let mut tgid = tid;
     let mut groups = Vec::new();
