@@ -19,8 +19,8 @@
 //!   user without write permission; fuser passes the request through unchecked. The daemon
 //!   checks again from the request's uid, gid and the caller's supplementary groups
 //!   (`/proc/TID/status`, [`caller_of`]) with the file's mode ([`may_write`]), so the rule does
-//!   not depend on the kernel's choice for unknown namespaces. Root (uid 0) may write any file, as with
-//!   `CAP_DAC_OVERRIDE`.
+//!   not depend on the kernel's choice for unknown namespaces. Root (uid 0) may write any file,
+//!   as with `CAP_DAC_OVERRIDE`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
