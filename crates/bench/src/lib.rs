@@ -8,7 +8,9 @@
 //! * [`fs`]: the mounted filesystem against kernel btrfs (copy, read, untar, fio);
 //! * [`store`]: the store API without FUSE (write scaling, read-back, GC, random overwrites);
 //! * [`blk`]: `compfs blk` against kernel zram and nbdkit's memory plugin;
-//! * [`heuristic`]: the "compress this extent?" heuristic against real outcomes.
+//! * [`heuristic`]: the "compress this extent?" heuristic against real outcomes;
+//! * [`recompress`]: `compfs defrag -c zstd:9` of a corpus written at zstd:1 against writing
+//!   at zstd:9 directly.
 //!
 //! Shared parts: [`corpus`] (the one corpus unpacker and file readers), [`fio`] (the one fio
 //! runner) and [`plot`] (every SVG). Temporary directories come from `tempfile` and are removed
@@ -23,6 +25,7 @@ pub mod fio;
 pub mod fs;
 pub mod heuristic;
 pub mod plot;
+pub mod recompress;
 pub mod store;
 
 pub use error::{Context, Error, Result};

@@ -99,7 +99,7 @@ fn bench_tuning() -> Tuning {
 }
 
 /// Writes every corpus file through the store in 128 KiB writes (as FUSE delivers them).
-fn write_corpus(s: &Store, files: &[(String, Vec<u8>)], prefix: &str) -> Result<()> {
+pub(crate) fn write_corpus(s: &Store, files: &[(String, Vec<u8>)], prefix: &str) -> Result<()> {
     for (name, data) in files {
         let n = format!("{prefix}{name}");
         let ino = match s.lookup(ROOT_INO, n.as_bytes()) {
@@ -119,7 +119,7 @@ fn write_corpus(s: &Store, files: &[(String, Vec<u8>)], prefix: &str) -> Result<
 }
 
 /// CPU time (user + system, all threads) this process has used so far.
-fn cpu_time() -> Duration {
+pub(crate) fn cpu_time() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
@@ -133,7 +133,7 @@ fn spec(s: &str) -> Result<CodecSpec> {
     Ok(p.spec)
 }
 
-fn single_thread(spec: CodecSpec, files: &[(String, Vec<u8>)]) -> Result<f64> {
+pub(crate) fn single_thread(spec: CodecSpec, files: &[(String, Vec<u8>)]) -> Result<f64> {
     let mut c = Compressor::new();
     let mut dst = Vec::new();
     let total: u64 = files.iter().map(|f| f.1.len() as u64).sum();

@@ -27,6 +27,9 @@ enum Command {
     Umount(cmd::fs::UmountArgs),
     /// compsize-style report of disk usage for files on a mount (or a whole unmounted store).
     Usage(cmd::fs::UsageArgs),
+    /// Recompress files to a codec and level (btrfs filesystem defragment -r -c ALG -L LEVEL),
+    /// on a mount or in an unmounted store; extents already stored so are skipped.
+    Defrag(cmd::defrag::DefragArgs),
     /// Get or set a file's or directory's compression property.
     #[command(subcommand)]
     Property(cmd::fs::PropertyCommand),
@@ -56,6 +59,9 @@ enum BenchCommand {
     Store(compfs_bench::store::Args),
     /// Judge the compression heuristic: agreement with real outcomes, speed, ratio vs force mode.
     Heuristic(compfs_bench::heuristic::Args),
+    /// Recompression: the corpus written at zstd:1, then defrag -c zstd:9, against writing at
+    /// zstd:9 directly (ratio, throughput, second identical run).
+    Recompress(compfs_bench::recompress::Args),
 }
 
 /// `compfs bench …`: the harness lives in the compfs-bench library.
@@ -66,6 +72,7 @@ fn bench(b: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Blk(a) => compfs_bench::blk::run(a),
         BenchCommand::Store(a) => compfs_bench::store::run(a),
         BenchCommand::Heuristic(a) => compfs_bench::heuristic::run(a),
+        BenchCommand::Recompress(a) => compfs_bench::recompress::run(a),
     }?;
     Ok(ExitCode::SUCCESS)
 }
@@ -103,6 +110,7 @@ fn main() -> ExitCode {
         Command::Bench(b) => bench(b),
         Command::Mount(a) => cmd::fs::mount(a),
         Command::Usage(a) => cmd::fs::usage(a),
+        Command::Defrag(a) => cmd::defrag::run(a),
         Command::Property(c) => cmd::fs::property(c),
         Command::Stats(a) => cmd::fs::stats(a),
         Command::Umount(a) => cmd::fs::umount(a),

@@ -83,7 +83,12 @@ none       100%     {n:<12} {n:<12} {n:<12}\n",
     let n = 512u64 << 10;
     assert_eq!(
         rows,
-        [("TOTAL".into(), disk, n, n), ("zstd".into(), disk, n, n)]
+        [
+            ("TOTAL".into(), disk, n, n),
+            ("zstd".into(), disk, n, n),
+            // The breakdown by codec and level follows the codec rows.
+            ("zstd:3".into(), disk, n, n)
+        ]
     );
 
     // A small file is inline.
@@ -167,7 +172,8 @@ fn codecs_of(p: &std::path::Path) -> Vec<Row> {
     parse_report(&usage_b(p))
         .1
         .into_iter()
-        .filter(|r| r.0 != "TOTAL")
+        // Codec rows only (the codec:level breakdown after them is checked on its own).
+        .filter(|r| r.0 != "TOTAL" && !r.0.contains(':'))
         .collect()
 }
 

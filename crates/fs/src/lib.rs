@@ -6,6 +6,8 @@
 pub mod acl;
 pub mod adapter;
 pub mod atime;
+pub mod defrag;
+pub mod defrag_run;
 pub mod error;
 pub mod mount;
 pub mod options;

@@ -63,6 +63,20 @@ pub fn report_from_usage(u: &Usage) -> UsageReport {
                 )
             })
             .collect(),
+        per_level: u
+            .per_level
+            .iter()
+            .map(|(k, c)| {
+                (
+                    k.clone(),
+                    Figures {
+                        disk: c.disk,
+                        uncompressed: c.uncompressed,
+                        referenced: c.referenced,
+                    },
+                )
+            })
+            .collect(),
     }
 }
 

@@ -38,6 +38,9 @@ pub struct UsageReport {
     pub inline: u64,
     /// Per codec name (`none`, `zlib`, `lzo`, `zstd`, `lz4`).
     pub per_codec: BTreeMap<String, Figures>,
+    /// Per codec and level as recorded per extent (`zstd:1`, `zlib:9`; codecs without levels
+    /// by name alone): the rows after the codec rows, so a user sees what is left to recompress.
+    pub per_level: BTreeMap<String, Figures>,
 }
 
 /// btrfs's compression type order (BTRFS_COMPRESS_NONE, ZLIB, LZO, ZSTD), then lz4; compsize
@@ -66,6 +69,29 @@ impl UsageReport {
         for (k, f) in &o.per_codec {
             self.per_codec.entry(k.clone()).or_default().add(f);
         }
+        for (k, f) in &o.per_level {
+            self.per_level.entry(k.clone()).or_default().add(f);
+        }
+    }
+
+    /// Codec-and-level rows (`zstd:1`, `zstd:9`) in codec order, then by level; codecs without
+    /// levels have no rows here (their codec row says it all).
+    fn level_rows(&self) -> Vec<(&str, Figures)> {
+        let mut rows: Vec<(usize, i64, &str, Figures)> = self
+            .per_level
+            .iter()
+            .filter(|(_, f)| **f != Figures::default())
+            .filter_map(|(k, f)| {
+                let (codec, level) = k.split_once(':')?;
+                let order = CODEC_ORDER
+                    .iter()
+                    .position(|c| *c == codec)
+                    .unwrap_or(CODEC_ORDER.len());
+                Some((order, level.parse().unwrap_or(i64::MAX), k.as_str(), *f))
+            })
+            .collect();
+        rows.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        rows.into_iter().map(|(_, _, k, f)| (k, f)).collect()
     }
 
     /// Codec rows in compsize's order; names compfs does not know come last, sorted.
@@ -115,6 +141,9 @@ impl UsageReport {
         for (name, f) in self.rows() {
             row(&mut out, name, &f);
         }
+        for (name, f) in self.level_rows() {
+            row(&mut out, name, &f);
+        }
         out
     }
 
@@ -128,6 +157,13 @@ impl UsageReport {
             let _ = writeln!(
                 s,
                 "codec {k} {} {} {}",
+                f.disk, f.uncompressed, f.referenced
+            );
+        }
+        for (k, f) in &self.per_level {
+            let _ = writeln!(
+                s,
+                "level {k} {} {} {}",
                 f.disk, f.uncompressed, f.referenced
             );
         }
@@ -162,6 +198,16 @@ impl UsageReport {
                     };
                     if r.per_codec.insert((*name).to_string(), f).is_some() {
                         return Err(RecordError::new(format!("codec '{name}' listed twice")));
+                    }
+                }
+                ["level", name, d, u, rf] if !name.is_empty() => {
+                    let f = Figures {
+                        disk: num(d)?,
+                        uncompressed: num(u)?,
+                        referenced: num(rf)?,
+                    };
+                    if r.per_level.insert((*name).to_string(), f).is_some() {
+                        return Err(RecordError::new(format!("level '{name}' listed twice")));
                     }
                 }
                 _ => return Err(RecordError::new(format!("unexpected line '{l}'"))),
@@ -223,6 +269,7 @@ mod tests {
             refs: 525,
             inline: 0,
             per_codec: BTreeMap::new(),
+            per_level: BTreeMap::new(),
         };
         let none = Figures {
             disk: 22 * MIB,
@@ -249,6 +296,34 @@ TOTAL       42%       36M          86M          86M       \n\
 none       100%       22M          22M          22M       \n\
 zstd        22%       14M          64M          64M       \n";
         assert_eq!(sample().render(false), expected);
+    }
+
+    /// The codec:level breakdown follows the codec rows, in codec order then level order
+    /// (numerically: zstd:-5 before zstd:3 before zstd:15), and survives the record.
+    #[test]
+    fn renders_levels_after_codecs() {
+        let mut r = sample();
+        let f = |d: u64, u: u64| Figures {
+            disk: d * MIB,
+            uncompressed: u * MIB,
+            referenced: u * MIB,
+        };
+        r.per_level.insert("none".into(), f(22, 22));
+        r.per_level.insert("zstd:15".into(), f(4, 24));
+        r.per_level.insert("zstd:3".into(), f(8, 32));
+        r.per_level.insert("zstd:-5".into(), f(2, 8));
+        let out = r.render(false);
+        let mut want = sample().render(false);
+        want.push_str(
+            "zstd:-5     25%      2.0M         8.0M         8.0M       \n\
+zstd:3      25%      8.0M          32M          32M       \n\
+zstd:15     17%      4.0M          24M          24M       \n",
+        );
+        assert_eq!(out, want);
+        assert_eq!(UsageReport::from_record(&r.to_record()).unwrap(), r);
+        let mut twice = r.to_record();
+        twice.extend_from_slice(b"level zstd:3 1 1 1\n");
+        assert!(UsageReport::from_record(&twice).is_err());
     }
 
     #[test]

@@ -1,14 +1,12 @@
-//! File operations on data: write, punch, allocate, truncate, seek, fsync, recompress.
+//! File operations on data: write, punch, allocate, truncate, seek, fsync.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use compfs_codec::{CodecSpec, ExtentPolicy, Mode};
 use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
-use crate::file::{kind_error, Dirty, FileState, Partial};
+use crate::file::{kind_error, FileState, Partial};
 use crate::meta::{self, dec};
 use crate::read::inode_in;
 use crate::records::MapRec;
@@ -200,69 +198,6 @@ impl Store {
         inner.with_file(ino, |st| inner.flush_locked(ino, st, true))?;
         inner.maybe_forget(ino);
         Ok(())
-    }
-
-    /// Rewrites a file's data with `policy` (default: the file's own policy), like
-    /// `btrfs filesystem defragment -c`.
-    pub fn recompress(&self, ino: Ino, policy: Option<(CodecSpec, Mode)>) -> Result<()> {
-        let inner = &self.inner;
-        inner.check_writable()?;
-        let e = inner.sb.extent_size as u64;
-        let pol = match policy {
-            Some((s, m)) => ExtentPolicy::new(s, m),
-            None => inner.file_policy(ino)?,
-        };
-        inner.with_file(ino, |st| {
-            inner.flush_locked(ino, st, false)?;
-            let (regions, size) = {
-                let txn = inner.db.begin_read()?;
-                let rec = inode_in(&txn, ino)?;
-                if rec.kind != FileKind::File {
-                    return Err(kind_error(rec.kind));
-                }
-                let map = txn.open_table(meta::EXTMAP)?;
-                let mut blocks = BTreeSet::new();
-                if rec.inline.is_some() {
-                    blocks.insert(0u64);
-                }
-                for r in map.range((ino, 0)..=(ino, u64::MAX))? {
-                    let (k, m) = r?;
-                    let m = dec(MapRec::decode(m.value()))?;
-                    blocks.extend(
-                        span::blocks_of(k.value().1, m.len as u64, e)
-                            .into_iter()
-                            .flatten(),
-                    );
-                }
-                (blocks, rec.size)
-            };
-            let list: Vec<u64> = regions.into_iter().collect();
-            let rec = inner.inode(ino)?;
-            for chunk in list.chunks(inner.tuning.flush_blocks.max(2)) {
-                let mut d = Dirty {
-                    blocks: BTreeMap::new(),
-                    flying: BTreeMap::new(),
-                    pending: Default::default(),
-                    partial: BTreeMap::new(),
-                    size,
-                    base_size: size,
-                    mtime: rec.mtime,
-                    ctime: Timestamp::now(),
-                    punch: Vec::new(),
-                };
-                for &b in chunk {
-                    let mut v = vec![0u8; e as usize];
-                    let _g = inner.seg_barrier.read();
-                    let txn = inner.db.begin_read()?;
-                    inner.read_persisted(&txn, ino, b * e, &mut v)?;
-                    d.blocks.insert(b, v);
-                }
-                inner
-                    .flush_dirty(ino, &mut d, false, Some(pol))
-                    .map_err(|er| inner.fail(er))?;
-            }
-            Ok(())
-        })
     }
 }
 

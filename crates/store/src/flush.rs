@@ -246,7 +246,7 @@ impl Inner {
 
     /// Appends encoded blocks to a segment and commits them (see the commit protocol in
     /// docs/format.md).
-    fn commit_encoded(
+    pub(crate) fn commit_encoded(
         &self,
         ino: Ino,
         meta: &FlushMeta,

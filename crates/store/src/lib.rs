@@ -32,6 +32,7 @@ mod attrs;
 pub mod backend;
 mod background;
 mod cache;
+mod defrag;
 mod encode;
 mod error;
 mod file;
@@ -69,9 +70,11 @@ pub mod format {
 }
 
 pub use compfs_codec::{CodecSpec, Mode};
+pub use defrag::{DefragReport, DefragTarget};
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckProblem, FsckReport, ProblemKind};
 pub use open::uuid_string;
 pub use serve_lock::{wait_until_released, ServeLock};
+pub use stats::codec_level_label;
 pub use store::{Store, Tuning};
 pub use types::*;

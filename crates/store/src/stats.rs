@@ -99,6 +99,16 @@ impl Inner {
     }
 }
 
+/// "zstd:9" for a codec with levels, the bare name for one without ("none", "lzo", "lz4"), as
+/// recorded per extent; an unknown codec id is shown as `codec<ID>`.
+pub fn codec_level_label(codec: u8, level: i8) -> String {
+    match Algorithm::from_id(codec) {
+        Some(a) if a.has_levels() => format!("{}:{level}", a.name()),
+        Some(a) => a.name().to_string(),
+        None => format!("codec{codec}"),
+    }
+}
+
 impl Store {
     /// Live statistics.
     pub fn stats(&self) -> Stats {
@@ -140,10 +150,16 @@ impl Store {
             if let Some(i) = &rec.inline {
                 u.inline += 1;
                 let name = Algorithm::from_id(i.codec).map_or("none", |a| a.name());
-                let c = u.per_codec.entry(name.to_string()).or_default();
-                c.disk += i.bytes.len() as u64;
-                c.uncompressed += i.raw_len as u64;
-                c.referenced += i.raw_len as u64;
+                let f = CodecUsage {
+                    disk: i.bytes.len() as u64,
+                    uncompressed: i.raw_len as u64,
+                    referenced: i.raw_len as u64,
+                };
+                u.per_codec.entry(name.to_string()).or_default().add(&f);
+                u.per_level
+                    .entry(codec_level_label(i.codec, i.level))
+                    .or_default()
+                    .add(&f);
             }
             for r in map.range((ino, 0)..=(ino, u64::MAX))? {
                 let (_, v) = r?;
@@ -154,13 +170,20 @@ impl Store {
                     None => continue,
                 };
                 let name = Algorithm::from_id(xr.codec).map_or("none", |a| a.name());
-                let c = u.per_codec.entry(name.to_string()).or_default();
-                c.referenced += m.len as u64;
+                let mut f = CodecUsage {
+                    referenced: m.len as u64,
+                    ..CodecUsage::default()
+                };
                 if ext_seen.insert(m.extent) {
                     u.regular_extents += 1;
-                    c.disk += xr.stored_len as u64;
-                    c.uncompressed += xr.raw_len as u64;
+                    f.disk = xr.stored_len as u64;
+                    f.uncompressed = xr.raw_len as u64;
                 }
+                u.per_codec.entry(name.to_string()).or_default().add(&f);
+                u.per_level
+                    .entry(codec_level_label(xr.codec, xr.level))
+                    .or_default()
+                    .add(&f);
             }
         }
         let mut t = CodecUsage::default();

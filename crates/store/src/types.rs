@@ -241,6 +241,9 @@ pub struct Usage {
     pub inline: u64,
     /// Keyed by codec name: "none", "zlib", "lzo", "zstd", "lz4".
     pub per_codec: BTreeMap<String, CodecUsage>,
+    /// The same figures keyed by codec and level as stored per extent: "zstd:1", "zstd:9",
+    /// "zlib:3"; codecs without levels by name alone ("none", "lzo", "lz4").
+    pub per_level: BTreeMap<String, CodecUsage>,
     pub total: CodecUsage,
 }
 

@@ -1,5 +1,6 @@
 //! One module per command family.
 
 pub mod blk;
+pub mod defrag;
 pub mod fs;
 pub mod store;

@@ -29,10 +29,11 @@ use fuser::{
 use crate::acl;
 use crate::atime::{AtimeMode, AtimePolicy};
 use crate::privilege::Change;
-use crate::report;
+use crate::{defrag, report};
 
 mod acls;
 mod convert;
+mod defrag_req;
 mod dirread;
 mod killpriv;
 mod path;
@@ -67,6 +68,8 @@ pub struct CompFs {
     atime: AtimePolicy,
     /// POSIX ACLs enforced (mount option `acl`, the default; see [`acls`]).
     acl: bool,
+    /// Figures of `compfs.defrag` requests, for the requester to read back.
+    defrag: defrag::Answers,
 }
 
 impl std::fmt::Debug for CompFs {
@@ -84,6 +87,7 @@ impl CompFs {
             next_dir_fh: AtomicU64::new(1),
             atime: AtimePolicy::default(),
             acl: true,
+            defrag: defrag::Answers::default(),
         }
     }
 
@@ -712,6 +716,12 @@ impl Filesystem for CompFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if name(n) == defrag::DEFRAG_XATTR.as_bytes() {
+            return match self.defrag_request(req, ino.0, value) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         if report::is_virtual(name(n)) {
             return reply.error(Errno::EPERM);
         }
@@ -730,11 +740,16 @@ impl Filesystem for CompFs {
         self.finish(self.store.setxattr(ino.0, name(n), value, how), reply)
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         if !self.acl && acl::is_acl_xattr(name(n)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        let value = if report::is_virtual(name(n)) {
+        let value = if name(n) == defrag::DEFRAG_XATTR.as_bytes() {
+            match self.defrag.get(ino.0, defrag::caller_of(req.pid()).0) {
+                Some(r) => Ok(defrag::DefragRecord(r).encode()),
+                None => Err(Error::NoXattr),
+            }
+        } else if report::is_virtual(name(n)) {
             report::virtual_xattr(&self.store, ino.0, name(n))
         } else {
             self.store.getxattr(ino.0, name(n))
@@ -763,7 +778,7 @@ impl Filesystem for CompFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        if report::is_virtual(name(n)) {
+        if report::is_virtual(name(n)) || name(n) == defrag::DEFRAG_XATTR.as_bytes() {
             return reply.error(Errno::EPERM);
         }
         if acl::is_acl_xattr(name(n)) {

@@ -1,0 +1,452 @@
+//! Recompression (`compfs defrag`, btrfs `filesystem defragment -c`): rewrites the blocks of a
+//! file whose extents are not stored with the target codec **and level**, and skips the rest, so
+//! a second identical run rewrites nothing. Every extent records its codec and level (extent
+//! header bytes 4 and 5, extent record, inline data; see docs/format.md), which is what makes
+//! the skip decision possible without reading the data.
+//!
+//! A rewritten block goes through the ordinary flush path (compress on the worker pool, append,
+//! one metadata transaction replacing the block's map range), so crash safety is the flush's:
+//! until a commit is durable the old extents stay referenced, and the extents a rewrite frees
+//! are reclaimed by GC like any overwritten extent.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+use compfs_codec::{CodecSpec, ExtentPolicy, Mode};
+use redb::ReadableDatabase;
+
+use crate::encode::{encode_block, EncodeJob, EncodedBlock, Out};
+use crate::error::{Error, Result};
+use crate::file::kind_error;
+use crate::flush::FlushMeta;
+use crate::meta::{self, dec};
+use crate::read::inode_in;
+use crate::records::{ExtentRec, InodeRec, MapRec};
+use crate::span;
+use crate::store::{Inner, Store};
+use crate::types::*;
+
+/// What `defrag` rewrites to. `spec: None` keeps each file's own policy (its
+/// `compfs.compression` property, else the mount's or store's default); `level` overrides the
+/// level of whichever codec that gives (`-L`); `force` tries the codec on every extent like
+/// `compress-force` (otherwise the heuristic decides, as with `compress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DefragTarget {
+    pub spec: Option<CodecSpec>,
+    pub level: Option<i32>,
+    pub force: bool,
+}
+
+impl DefragTarget {
+    /// The policy a file is rewritten with, given the file's own policy. Without `force` the
+    /// mode is the heuristic when a codec is given, else the file's own mode.
+    pub fn resolve(&self, own: ExtentPolicy) -> ExtentPolicy {
+        let mut spec = self.spec.unwrap_or(own.spec);
+        if let Some(l) = self.level {
+            spec = CodecSpec::with_level(spec.algorithm(), l).spec;
+        }
+        let mode = if self.force {
+            Mode::Force
+        } else if self.spec.is_some() {
+            Mode::Heuristic
+        } else {
+            own.mode
+        };
+        ExtentPolicy { spec, mode, ..own }
+    }
+}
+
+/// Figures of a defrag run (one file, or summed over many with [`DefragReport::add`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DefragReport {
+    /// Regular files processed.
+    pub files: u64,
+    /// Distinct extents (and inline data) looked at.
+    pub extents_examined: u64,
+    /// Of those, the ones whose block was rewritten.
+    pub extents_rewritten: u64,
+    /// Of those, the ones left alone (already at the target, or raw and not shrinkable).
+    pub extents_skipped: u64,
+    /// File bytes (uncompressed) of the blocks looked at.
+    pub bytes_examined: u64,
+    /// File bytes of the blocks rewritten.
+    pub bytes_rewritten: u64,
+    /// Stored bytes of the files' extents and inline data before and after.
+    pub disk_before: u64,
+    pub disk_after: u64,
+}
+
+impl DefragReport {
+    pub fn add(&mut self, o: &DefragReport) {
+        self.files += o.files;
+        self.extents_examined += o.extents_examined;
+        self.extents_rewritten += o.extents_rewritten;
+        self.extents_skipped += o.extents_skipped;
+        self.bytes_examined += o.bytes_examined;
+        self.bytes_rewritten += o.bytes_rewritten;
+        self.disk_before += o.disk_before;
+        self.disk_after += o.disk_after;
+    }
+}
+
+/// What to do with one block, from the codec and level of the extents it references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockPlan {
+    /// Every extent is already stored with the target codec and level.
+    Skip,
+    /// Every extent is raw and the target compresses: compress it, and rewrite only if the
+    /// result is compressed (a raw result would rewrite the same bytes).
+    IfShrinks,
+    /// Rewrite the block.
+    Rewrite,
+}
+
+/// The plan for a block referencing extents stored as `(codec id, level)`, for a target codec
+/// and level. Codecs without levels record level 0, so a plain comparison is right for them.
+pub(crate) fn plan_block(extents: &[(u8, i8)], target: (u8, i8)) -> BlockPlan {
+    if extents.iter().all(|&x| x == target) {
+        BlockPlan::Skip
+    } else if target.0 != 0 && extents.iter().all(|&(c, _)| c == 0) {
+        BlockPlan::IfShrinks
+    } else {
+        BlockPlan::Rewrite
+    }
+}
+
+/// True when an encoded block came out raw (as an extent or inline data).
+fn came_out_raw(en: &EncodedBlock) -> bool {
+    match &en.0.out {
+        Out::Extent { codec, .. } => *codec == 0,
+        Out::Inline(i) => i.codec == 0,
+        Out::Hole => false,
+    }
+}
+
+/// An extent a block references: (extent id, codec id, level).
+type BlockExtent = (u64, u8, i8);
+
+/// Batches of blocks compressing on the pool while this thread reads the next one.
+const PIPELINE_BATCHES: usize = 1;
+
+/// Blocks handed to the compression pool, waiting for their commit.
+#[derive(Default)]
+struct Batch {
+    rx: Option<Receiver<(usize, Vec<EncodedBlock>)>>,
+    n: usize,
+    /// Block -> its plan and what it referenced when read.
+    blocks: BTreeMap<u64, (BlockPlan, BlockNow)>,
+    /// File size when the blocks were read.
+    size: u64,
+}
+
+/// Marks inline data among a block's extent ids (extent ids start at 1).
+const INLINE_ID: u64 = 0;
+
+impl Inner {
+    /// What each block in `blocks` of a file references now, read in `txn`: the block's
+    /// extents (for the plan) and its map entries (to see later whether it changed). Map
+    /// entries never cross a block boundary (every extent is written for one block).
+    fn blocks_now(
+        &self,
+        txn: &redb::ReadTransaction,
+        ino: Ino,
+        rec: &InodeRec,
+        blocks: std::ops::RangeInclusive<u64>,
+    ) -> Result<BTreeMap<u64, BlockNow>> {
+        let e = self.sb.extent_size as u64;
+        let mut out: BTreeMap<u64, BlockNow> = BTreeMap::new();
+        if let Some(i) = &rec.inline {
+            if blocks.contains(&0) {
+                let b = out.entry(0).or_default();
+                b.extents.push((INLINE_ID, i.codec, i.level));
+                b.key.push((0, INLINE_ID, 0, i.raw_len));
+            }
+        }
+        let map = txn.open_table(meta::EXTMAP)?;
+        let extents = txn.open_table(meta::EXTENTS)?;
+        let from = blocks.start().saturating_mul(e);
+        let to = blocks.end().saturating_add(1).saturating_mul(e);
+        for row in map.range((ino, from)..(ino, to))? {
+            let (k, m) = row?;
+            let off = k.value().1;
+            let m = dec(MapRec::decode(m.value()))?;
+            let x = match extents.get(m.extent)? {
+                Some(v) => dec(ExtentRec::decode(v.value()))?,
+                None => return Err(meta::corrupt("map entry names a missing extent")),
+            };
+            for b in span::blocks_of(off, m.len as u64, e).into_iter().flatten() {
+                let bn = out.entry(b).or_default();
+                bn.extents.push((m.extent, x.codec, x.level));
+                bn.key.push((off, m.extent, m.ext_offset, m.len));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A block as the metadata has it at one moment.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct BlockNow {
+    extents: Vec<BlockExtent>,
+    /// (file offset, extent id, offset in the extent, length) of its map entries (inline data:
+    /// extent id 0): equal keys mean equal contents, since extent contents never change and
+    /// ids are not reused within a session.
+    key: Vec<(u64, u64, u32, u32)>,
+}
+
+impl Store {
+    /// Rewrites the blocks of regular file `ino` that are not stored as `target` asks (see the
+    /// module documentation). `progress` is called with the file's running figures after each
+    /// batch of blocks. Commits are non-durable, like writes: [`Store::sync`] makes them durable.
+    ///
+    /// The file is locked only while a batch is read and while one is committed, so readers,
+    /// writers and the background flusher are not held up for the whole file. A block changed
+    /// by anyone between its read and its commit is left as the other writer made it.
+    pub fn defrag(
+        &self,
+        ino: Ino,
+        target: &DefragTarget,
+        progress: &mut dyn FnMut(&DefragReport),
+    ) -> Result<DefragReport> {
+        let res = self.defrag_inner(ino, target, progress);
+        self.inner.maybe_forget(ino);
+        res
+    }
+
+    fn defrag_inner(
+        &self,
+        ino: Ino,
+        target: &DefragTarget,
+        progress: &mut dyn FnMut(&DefragReport),
+    ) -> Result<DefragReport> {
+        let inner = &self.inner;
+        inner.check_writable()?;
+        let e = inner.sb.extent_size as u64;
+        let policy = target.resolve(inner.file_policy(ino)?);
+        let want = (policy.spec.algorithm().id(), policy.spec.level() as i8);
+        let mut r = DefragReport {
+            files: 1,
+            ..DefragReport::default()
+        };
+        // The blocks with data when the run starts (blocks written later are written with the
+        // file's policy anyway).
+        let blocks: Vec<u64> = inner.with_file(ino, |st| {
+            inner.flush_locked(ino, st, false)?;
+            let txn = inner.db.begin_read()?;
+            let rec = inode_in(&txn, ino)?;
+            if rec.kind != FileKind::File {
+                return Err(kind_error(rec.kind));
+            }
+            r.disk_before = disk_of(&rec);
+            let now = inner.blocks_now(&txn, ino, &rec, 0..=u64::MAX / e)?;
+            let examined: BTreeSet<u64> =
+                now.values().flat_map(|b| &b.extents).map(|x| x.0).collect();
+            r.extents_examined = examined.len() as u64;
+            Ok(now.into_keys().collect())
+        })?;
+        let mut rewritten: BTreeSet<u64> = BTreeSet::new();
+        // Batches being compressed on the pool: the next batch is read (decompressed) while
+        // the previous one compresses, and committed by this thread meanwhile.
+        let mut flying: VecDeque<Batch> = VecDeque::new();
+        for chunk in blocks.chunks(inner.tuning.flush_blocks.max(2)) {
+            let (Some(&first), Some(&last)) = (chunk.first(), chunk.last()) else {
+                continue;
+            };
+            let mut batch = Batch::default();
+            let mut jobs: Vec<EncodeJob> = Vec::new();
+            inner.with_file(ino, |st| {
+                if st.dirty.is_some() {
+                    inner.flush_locked(ino, st, false)?;
+                }
+                let _g = inner.seg_barrier.read();
+                let txn = inner.db.begin_read()?;
+                let rec = inode_in(&txn, ino)?;
+                let now = inner.blocks_now(&txn, ino, &rec, first..=last)?;
+                let inline_ok = rec.size <= inner.sb.inline_max as u64;
+                batch.size = rec.size;
+                for &b in chunk {
+                    let len = span::block_len_in_file(rec.size, b, e);
+                    r.bytes_examined += len as u64;
+                    let Some(bn) = now.get(&b) else { continue };
+                    let codecs: Vec<(u8, i8)> = bn.extents.iter().map(|x| (x.1, x.2)).collect();
+                    let plan = plan_block(&codecs, want);
+                    if plan == BlockPlan::Skip || len == 0 {
+                        continue;
+                    }
+                    let mut v = vec![0u8; e as usize];
+                    inner.read_persisted(&txn, ino, b * e, &mut v)?;
+                    batch.blocks.insert(b, (plan, bn.clone()));
+                    let src = Arc::new(v);
+                    let inline = inline_ok && b == 0;
+                    jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
+                        (encode_block(enc, &policy, b, &src[..len], inline), src)
+                    }));
+                }
+                Ok(())
+            })?;
+            if !jobs.is_empty() {
+                let (rx, n) = inner.submit_grouped(jobs);
+                batch.rx = Some(rx);
+                batch.n = n;
+                flying.push_back(batch);
+            }
+            while flying.len() > PIPELINE_BATCHES {
+                if let Some(b) = flying.pop_front() {
+                    self.commit_batch(ino, b, &mut r, &mut rewritten)?;
+                }
+            }
+            progress(&r);
+        }
+        while let Some(b) = flying.pop_front() {
+            self.commit_batch(ino, b, &mut r, &mut rewritten)?;
+            progress(&r);
+        }
+        r.extents_rewritten = rewritten.len() as u64;
+        r.extents_skipped = r.extents_examined.saturating_sub(r.extents_rewritten);
+        r.disk_after = disk_of(&inner.inode(ino)?);
+        Ok(r)
+    }
+
+    /// Waits for a batch's compression and commits the blocks that are still as they were read
+    /// (and, for blocks that were raw, only those that came out compressed).
+    fn commit_batch(
+        &self,
+        ino: Ino,
+        b: Batch,
+        r: &mut DefragReport,
+        rewritten: &mut BTreeSet<u64>,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let e = inner.sb.extent_size as u64;
+        let Some(rx) = b.rx else { return Ok(()) };
+        let mut results: Vec<EncodedBlock> = Vec::new();
+        for _ in 0..b.n {
+            match rx.recv() {
+                Ok((_, v)) => results.extend(v),
+                Err(_) => return Err(Error::Io(std::io::Error::other("compression worker lost"))),
+            }
+        }
+        results.retain(|en| {
+            b.blocks
+                .get(&en.0.block)
+                .is_some_and(|(plan, _)| *plan != BlockPlan::IfShrinks || !came_out_raw(en))
+        });
+        if results.is_empty() {
+            return Ok(());
+        }
+        let (Some(first), Some(last)) = (
+            results.iter().map(|en| en.0.block).min(),
+            results.iter().map(|en| en.0.block).max(),
+        ) else {
+            return Ok(());
+        };
+        inner.with_file(ino, |st| {
+            if st.dirty.is_some() {
+                inner.flush_locked(ino, st, false)?;
+            }
+            let rec = inner.inode(ino)?;
+            if rec.size != b.size {
+                // Truncated or extended meanwhile: the encoded lengths may be stale.
+                return Ok(());
+            }
+            let now = {
+                let txn = inner.db.begin_read()?;
+                inner.blocks_now(&txn, ino, &rec, first..=last)?
+            };
+            results.retain(|en| {
+                let blk = en.0.block;
+                b.blocks.get(&blk).map(|x| &x.1) == now.get(&blk)
+            });
+            if results.is_empty() {
+                return Ok(());
+            }
+            let done: Vec<u64> = results.iter().map(|en| en.0.block).collect();
+            let meta = FlushMeta {
+                size: rec.size,
+                mtime: rec.mtime,
+                ctime: Timestamp::now(),
+                punch: Vec::new(),
+            };
+            inner
+                .commit_encoded(ino, &meta, false, std::mem::take(&mut results))
+                .map_err(|er| inner.fail(er))?;
+            for blk in done {
+                r.bytes_rewritten += span::block_len_in_file(rec.size, blk, e) as u64;
+                if let Some((_, bn)) = b.blocks.get(&blk) {
+                    rewritten.extend(bn.extents.iter().map(|x| x.0));
+                }
+            }
+            r.extents_rewritten = rewritten.len() as u64;
+            Ok(())
+        })
+    }
+
+    /// Rewrites a file's data with `policy` (default: the file's own policy), like
+    /// `btrfs filesystem defragment -c`; extents already stored that way are kept
+    /// ([`Store::defrag`]).
+    pub fn recompress(&self, ino: Ino, policy: Option<(CodecSpec, Mode)>) -> Result<()> {
+        let target = match policy {
+            Some((s, m)) => DefragTarget {
+                spec: Some(s),
+                level: None,
+                force: m == Mode::Force,
+            },
+            None => DefragTarget::default(),
+        };
+        self.defrag(ino, &target, &mut |_| {}).map(|_| ())
+    }
+}
+
+/// Stored bytes of a file: its extents plus its inline data.
+fn disk_of(rec: &InodeRec) -> u64 {
+    rec.disk_bytes
+        .saturating_add(rec.inline.as_ref().map_or(0, |i| i.bytes.len() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use compfs_codec::Algorithm;
+
+    #[test]
+    fn plans_follow_codec_and_level() {
+        let z9 = (3u8, 9i8);
+        assert_eq!(plan_block(&[(3, 9)], z9), BlockPlan::Skip);
+        assert_eq!(plan_block(&[(3, 9), (3, 9)], z9), BlockPlan::Skip);
+        assert_eq!(plan_block(&[(3, 1)], z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(3, 9), (3, 1)], z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(1, 9)], z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(0, 0)], z9), BlockPlan::IfShrinks);
+        assert_eq!(plan_block(&[(0, 0), (3, 9)], z9), BlockPlan::Rewrite);
+        // --nocomp: raw is the target, compressed blocks are rewritten raw.
+        assert_eq!(plan_block(&[(0, 0)], (0, 0)), BlockPlan::Skip);
+        assert_eq!(plan_block(&[(4, 0)], (0, 0)), BlockPlan::Rewrite);
+        // Codecs without levels record level 0.
+        assert_eq!(plan_block(&[(4, 0)], (4, 0)), BlockPlan::Skip);
+    }
+
+    #[test]
+    fn target_resolution() {
+        let own = ExtentPolicy::new(CodecSpec::with_level(Algorithm::Lz4, 0).spec, Mode::Force);
+        let p = DefragTarget::default().resolve(own);
+        assert_eq!((p.spec, p.mode), (own.spec, Mode::Force));
+        let z9 = CodecSpec::with_level(Algorithm::Zstd, 9).spec;
+        let t = DefragTarget {
+            spec: Some(CodecSpec::with_level(Algorithm::Zstd, 3).spec),
+            level: Some(9),
+            force: false,
+        };
+        let p = t.resolve(own);
+        assert_eq!((p.spec, p.mode), (z9, Mode::Heuristic));
+        let t = DefragTarget { force: true, ..t };
+        assert_eq!(t.resolve(own).mode, Mode::Force);
+        // -L alone applies to the file's own codec; a codec without levels ignores it.
+        let t = DefragTarget {
+            spec: None,
+            level: Some(7),
+            force: false,
+        };
+        assert_eq!(t.resolve(own).spec.level(), 0);
+    }
+}
