@@ -527,7 +527,7 @@ impl PageStore {
         let spec = self.codecs[codec];
         let dict = match &self.dicts {
             Some(d) if codec == 0 => {
-                d.offer(src);
+                d.offer(&mut ctx.comp, src);
                 d.acquire_current()
             }
             _ => None,
