@@ -266,10 +266,20 @@ pub fn spawn_dict_worker(store: Arc<PageStore>) -> Result<(), BlkError> {
             unsafe {
                 libc::setpriority(libc::PRIO_PROCESS, 0, 19);
             }
+            let mut worked = false;
             loop {
                 match store.dict_maintain() {
-                    Ok(true) => std::thread::yield_now(),
-                    Ok(false) => std::thread::sleep(Duration::from_millis(100)),
+                    Ok(true) => {
+                        worked = true;
+                        std::thread::yield_now()
+                    }
+                    Ok(false) => {
+                        // Training's buffers and the pages moved leave free heap behind.
+                        if std::mem::take(&mut worked) {
+                            release_free_memory();
+                        }
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
                     Err(e) => {
                         tracing::warn!("dictionary maintenance: {e}");
                         std::thread::sleep(Duration::from_secs(1));

@@ -410,6 +410,8 @@ impl PageStore {
         let looked_at = self.recompress_onto_current(d)?;
         if looked_at == 0 {
             d.stale.store(false, Ordering::Relaxed);
+            // Moving pages left holes in the pool's zspages: give them back.
+            self.pool.compact();
         }
         Ok(looked_at > 0)
     }
