@@ -21,6 +21,10 @@ pub struct Args {
     /// compfs codecs to measure, comma-separated.
     #[arg(long, default_value = "lzo,lz4,zstd:1,zstd:3,zstd:9")]
     pub codecs: String,
+    /// Codecs (zstd only) also measured with `--dict auto`, comma-separated ("" for none): the
+    /// ratio is read once the server has trained and recompressed and is idle.
+    #[arg(long, default_value = "zstd:1")]
+    pub dict: String,
     /// Codec whose server also runs the fio jobs.
     #[arg(long, default_value = "lz4")]
     pub fio_codec: String,
@@ -57,6 +61,19 @@ pub struct RatioRow {
     /// Resident memory of the server process after the write (userspace devices only).
     pub rss: Option<u64>,
     pub write_mb_s: f64,
+    /// `--dict auto` rows: total training time, trainings, and seconds from the end of the
+    /// write until the server was idle (trained and recompressed).
+    pub dict: Option<DictRow>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct DictRow {
+    pub train_ms_total: u64,
+    pub train_ms_last: u64,
+    pub trainings: u64,
+    pub recompressed: u64,
+    pub dict_bytes: u64,
+    pub settle_s: f64,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -277,6 +294,7 @@ fn row(device: &str, codec: &str, s: &Stats, rss: Option<u64>, mb_s: f64) -> Rat
         mem_per_compr: r(s.mem_used_total, s.compr_data_size),
         rss,
         write_mb_s: mb_s,
+        dict: None,
     }
 }
 
@@ -288,12 +306,39 @@ struct Filled {
 }
 
 fn compfs_run(input: &Path, dir: &Path, codec: &str, size: u64) -> Result<Filled> {
+    compfs_run_with(input, dir, codec, size, false)
+}
+
+/// Polls the server's `dict` stat line until a training has happened and nothing is due or
+/// under way; returns it and the seconds waited.
+fn dict_settle(ctl: &Path) -> Result<(compfs_blk::store::DictStatus, f64)> {
+    let t = Instant::now();
+    loop {
+        let lines = control_request(ctl, "stat").map_err(|e| failed!("{e}"))?;
+        let st = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("dict "))
+            .and_then(compfs_blk::store::DictStatus::parse)
+            .ok_or_else(|| failed!("no dict line in the stat reply"))?;
+        // The server retrains after IDLE_RETRAIN of quiet: give it that long first.
+        if st.trainings >= 1 && !st.busy && t.elapsed() > Duration::from_millis(1500) {
+            return Ok((st, t.elapsed().as_secs_f64()));
+        }
+        if t.elapsed() > Duration::from_secs(600) {
+            bail!("the server did not settle: {st:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn compfs_run_with(input: &Path, dir: &Path, codec: &str, size: u64, dict: bool) -> Result<Filled> {
     static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let sock = dir.join(format!("compfs-{}-{n}.sock", codec.replace(':', "-")));
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .args(["blk", "serve", "--size", &size.to_string(), "--algo", codec])
+        .args(if dict { &["--dict", "auto"][..] } else { &[] })
         .arg("--socket")
         .arg(&sock)
         .stderr(Stdio::null())
@@ -303,6 +348,11 @@ fn compfs_run(input: &Path, dir: &Path, codec: &str, size: u64) -> Result<Filled
     wait_for(&control_path(&sock))?;
     let uri = format!("nbd+unix:///?socket={}", sock.display());
     let mb_s = nbdcopy_in(input, &uri)?;
+    let settled = if dict {
+        Some(dict_settle(&control_path(&sock))?)
+    } else {
+        None
+    };
     let lines = control_request(&control_path(&sock), "stat").map_err(|e| failed!("{e}"))?;
     let get = |k: &str| {
         lines
@@ -313,7 +363,18 @@ fn compfs_run(input: &Path, dir: &Path, codec: &str, size: u64) -> Result<Filled
     };
     let stats = Stats::parse(&get("mm_stat "), &get("io_stat "), &get("bd_stat "))
         .ok_or_else(|| failed!("bad stat reply"))?;
-    let row = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
+    let mut row = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
+    if let Some((st, settle_s)) = settled {
+        row.codec = format!("{codec} --dict auto");
+        row.dict = Some(DictRow {
+            train_ms_total: st.train_ms_total,
+            train_ms_last: st.train_ms_last,
+            trainings: st.trainings,
+            recompressed: st.recompressed,
+            dict_bytes: st.bytes,
+            settle_s,
+        });
+    }
     Ok(Filled { row, _proc: p, uri })
 }
 
@@ -412,6 +473,35 @@ fn print_tables(rep: &Report) {
             r.write_mb_s
         );
     }
+    let dict_rows: Vec<&RatioRow> = rep.ratios.iter().filter(|r| r.dict.is_some()).collect();
+    if !dict_rows.is_empty() {
+        println!("\n| codec | orig/compr | vs no dictionary | trainings | train ms (last / total) | dictionary + samples KiB | pages moved | settle s | write MB/s (without) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in dict_rows {
+            let Some(d) = &r.dict else { continue };
+            let base = rep.ratios.iter().find(|b| {
+                b.dict.is_none()
+                    && b.device == "compfs"
+                    && r.codec.starts_with(&format!("{} ", b.codec))
+            });
+            println!(
+                "| {} | {:.3} | {} | {} | {} / {} | {} | {} | {:.1} | {:.0} ({}) |",
+                r.codec,
+                r.orig_per_compr,
+                base.map_or("-".into(), |b| format!(
+                    "{:.3}x",
+                    r.orig_per_compr / b.orig_per_compr
+                )),
+                d.trainings,
+                d.train_ms_last,
+                d.train_ms_total,
+                d.dict_bytes / 1024,
+                d.recompressed,
+                d.settle_s,
+                r.write_mb_s,
+                base.map_or("-".into(), |b| format!("{:.0}", b.write_mb_s)),
+            );
+        }
+    }
     if !rep.fio.is_empty() {
         println!("\n| device | job | jobs | IOPS (median) | runs |\n|---|---|---:|---:|---|");
         for f in &rep.fio {
@@ -458,6 +548,10 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
     for codec in a.codecs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
         eprintln!("compfs blk {codec} ...");
         ratios.push(compfs_run(&input, dir, codec, size)?.row);
+    }
+    for codec in a.dict.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        eprintln!("compfs blk {codec} --dict auto ...");
+        ratios.push(compfs_run_with(&input, dir, codec, size, true)?.row);
     }
     eprintln!("nbdkit memory ...");
     match nbdkit_run(&input, dir, size) {

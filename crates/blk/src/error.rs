@@ -42,6 +42,16 @@ pub enum BlkError {
         #[source]
         source: std::io::Error,
     },
+    /// `--dict` with a codec other than zstd.
+    #[error("--dict needs a zstd codec (--algo zstd[:LEVEL]); the codec is {0}")]
+    DictNeedsZstd(String),
+    /// A dictionary file that is not a usable zstd dictionary.
+    #[error("dictionary {path}: {source}")]
+    DictFile {
+        path: String,
+        #[source]
+        source: compfs_codec::DictError,
+    },
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),

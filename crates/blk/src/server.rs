@@ -172,14 +172,18 @@ pub fn control_command(store: &PageStore, line: &str) -> Result<Vec<String>, Blk
         ["stat"] => {
             let s = store.stats();
             let codecs: Vec<String> = store.codecs().iter().map(|c| c.to_string()).collect();
-            Ok(vec![
+            let mut lines = vec![
                 format!("mm_stat {}", s.mm_stat()),
                 format!("io_stat {}", s.io_stat()),
                 format!("bd_stat {}", s.bd_stat()),
                 format!("disksize {}", s.disksize),
                 format!("table_bytes {}", s.table_bytes),
                 format!("algorithms {}", codecs.join(" ")),
-            ])
+            ];
+            if let Some(d) = store.dict_status() {
+                lines.push(format!("dict {}", d.line()));
+            }
+            Ok(lines)
         }
         ["mark-idle"] => Ok(vec![format!("marked {}", store.mark_idle())]),
         ["compact"] => {
@@ -251,6 +255,42 @@ pub fn serve_control(listener: UnixListener, store: Arc<PageStore>) {
 }
 
 /// Sends one command to a server's control socket; returns its reply lines or its error.
+/// Runs the store's background dictionary work (training, recompression onto the newest
+/// dictionary) on a thread at the lowest CPU priority, pausing while there is nothing to do.
+pub fn spawn_dict_worker(store: Arc<PageStore>) -> Result<(), BlkError> {
+    std::thread::Builder::new()
+        .name("dict".into())
+        .spawn(move || {
+            // SAFETY: setpriority with who = 0 changes the calling thread's nice value on
+            // Linux (nice values are per thread there); it reads no memory of ours.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+            }
+            let mut worked = false;
+            loop {
+                match store.dict_maintain() {
+                    Ok(true) => {
+                        worked = true;
+                        std::thread::yield_now()
+                    }
+                    Ok(false) => {
+                        // Training's buffers and the pages moved leave free heap behind.
+                        if std::mem::take(&mut worked) {
+                            release_free_memory();
+                        }
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    Err(e) => {
+                        tracing::warn!("dictionary maintenance: {e}");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| BlkError::io("cannot start the dictionary thread", e))
+}
+
 pub fn control_request(path: &Path, command: &str) -> Result<Vec<String>, BlkError> {
     let mut s = UnixStream::connect(path).map_err(|e| {
         BlkError::io(

@@ -47,6 +47,8 @@ fn backend(algorithm: Algorithm, e: impl std::fmt::Display) -> CodecError {
 /// A per-thread compression context for every algorithm.
 pub struct Compressor {
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    /// Context for compressing with a digested dictionary (the level is the dictionary's).
+    zstd_dict: Option<zstd::zstd_safe::CCtx<'static>>,
     /// One deflate stream per zlib level used (a level is fixed when a stream is created), so
     /// alternating levels resets streams instead of reallocating them.
     zlib: Vec<(i32, flate2::Compress)>,
@@ -77,6 +79,7 @@ impl Compressor {
     pub fn new() -> Compressor {
         Compressor {
             zstd: None,
+            zstd_dict: None,
             zlib: Vec::new(),
             lzo: None,
             lz4: None,
@@ -176,6 +179,30 @@ impl Compressor {
         Ok(dst.len())
     }
 
+    /// Compresses `src` into `dst` (cleared first) with zstd and a dictionary, at the level the
+    /// dictionary was digested for; returns the compressed length.
+    pub fn compress_dict(
+        &mut self,
+        dict: &crate::Dictionary,
+        src: &[u8],
+        dst: &mut Vec<u8>,
+    ) -> Result<usize, CodecError> {
+        if src.len() > MAX_EXTENT {
+            return Err(CodecError::TooLarge {
+                len: src.len(),
+                max: MAX_EXTENT,
+            });
+        }
+        dst.clear();
+        dst.reserve(max_compressed_len(Algorithm::Zstd, src.len()));
+        let c = self
+            .zstd_dict
+            .get_or_insert_with(zstd::zstd_safe::CCtx::create);
+        c.compress_using_cdict(dst, src, dict.cdict())
+            .map_err(|code| backend(Algorithm::Zstd, zstd::zstd_safe::get_error_name(code)))?;
+        Ok(dst.len())
+    }
+
     /// Bytes of memory held by the zstd compression context at its current level (0 if none).
     pub fn zstd_context_bytes(&mut self) -> usize {
         match &mut self.zstd {
@@ -213,6 +240,7 @@ pub fn context_memory(spec: CodecSpec, extent: usize) -> usize {
 /// A per-thread decompression context.
 pub struct Decompressor {
     zstd: Option<zstd::bulk::Decompressor<'static>>,
+    zstd_dict: Option<zstd::zstd_safe::DCtx<'static>>,
     zlib: Option<flate2::Decompress>,
 }
 
@@ -232,8 +260,48 @@ impl Decompressor {
     pub fn new() -> Decompressor {
         Decompressor {
             zstd: None,
+            zstd_dict: None,
             zlib: None,
         }
+    }
+
+    /// Decompresses a zstd frame made with `dict` into exactly `dst.len()` bytes; anything else
+    /// (another dictionary, malformed input, another length) is a [`CodecError::Corrupt`].
+    pub fn decompress_dict(
+        &mut self,
+        dict: &crate::Dictionary,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), CodecError> {
+        let algorithm = Algorithm::Zstd;
+        if dst.len() > MAX_EXTENT {
+            return Err(CodecError::TooLarge {
+                len: dst.len(),
+                max: MAX_EXTENT,
+            });
+        }
+        let d = match &mut self.zstd_dict {
+            Some(d) => d,
+            slot @ None => {
+                let mut d = zstd::zstd_safe::DCtx::create();
+                d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(20))
+                    .map_err(|code| backend(algorithm, zstd::zstd_safe::get_error_name(code)))?;
+                slot.insert(d)
+            }
+        };
+        let want = dst.len();
+        let n = d
+            .decompress_using_ddict(dst, src, dict.ddict())
+            .map_err(|code| {
+                CodecError::corrupt(algorithm, zstd::zstd_safe::get_error_name(code))
+            })?;
+        if n != want {
+            return Err(CodecError::corrupt(
+                algorithm,
+                format!("decoded {n} bytes, expected {want}"),
+            ));
+        }
+        Ok(())
     }
 
     /// Decompresses `src` into exactly `dst.len()` bytes. Input that is malformed, truncated, or

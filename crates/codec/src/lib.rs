@@ -5,6 +5,7 @@
 //! through [`ExtentEncoder`] and decompresses through [`Decompressor`].
 
 pub mod codec;
+pub mod dict;
 pub mod error;
 pub mod extent;
 pub mod heuristic;
@@ -17,6 +18,7 @@ pub use codec::{
     check_extent_size, context_memory, max_compressed_len, Compressor, Decompressor,
     DEFAULT_EXTENT, MAX_EXTENT, MIN_EXTENT, SECTOR,
 };
+pub use dict::{DictError, Dictionary};
 pub use error::{CodecError, SpecError};
 pub use extent::{worth_it, ExtentEncoder, ExtentOutcome, ExtentPolicy, MinSaving, RawReason};
 pub use heuristic::{btrfs_heuristic, Heuristic, Reason, Verdict};

@@ -670,3 +670,128 @@ fn sigterm_removes_the_sockets() {
     assert!(!s.sock.exists());
     assert!(!s.dir.join("nbd.sock.ctl").exists());
 }
+
+/// The `dict` line of the server's stat reply.
+fn dict_status(s: &Server) -> Option<compfs_blk::store::DictStatus> {
+    let lines = compfs_blk::server::control_request(&s.dir.join("nbd.sock.ctl"), "stat").unwrap();
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix("dict "))
+        .and_then(compfs_blk::store::DictStatus::parse)
+}
+
+/// `--dict auto` over a real client: nbdcopy writes text and binary pages, the server trains
+/// and moves the pages written before onto its dictionary, and nbdcopy reads back identical
+/// bytes; `--dict FILE` with a trained file does the same, and bad uses fail in one line.
+#[test]
+fn dict_auto_and_file_over_nbdcopy() {
+    if !have("nbdcopy") || !have("zstd") {
+        return;
+    }
+    // COMPFS_CORPUS points at the corpus from a worktree outside /work/main.
+    let corpus = std::env::var("COMPFS_CORPUS").unwrap_or_else(|_| CORPUS.to_string());
+    if !Path::new(&corpus).exists() {
+        eprintln!(
+            "SKIP: corpus {corpus} missing (generated data gains too little from a dictionary)"
+        );
+        return;
+    }
+    let dir = temp_dir("dict");
+    let src = dir.join("src.bin");
+    {
+        // The first 24 MiB of the corpus (text, then binaries).
+        let f = std::fs::File::create(&src).unwrap();
+        run(Command::new("sh")
+            .arg("-c")
+            .arg(format!("zstd -dc {corpus} | head -c {}", 24 << 20))
+            .stdout(f));
+    }
+    let size = std::fs::metadata(&src).unwrap().len();
+    let out = dir.join("out.bin");
+    let copy_back = |s: &Server| {
+        run(Command::new("nbdcopy").args([&s.uri(), out.to_str().unwrap()]));
+        run(Command::new("truncate")
+            .args(["-s", &size.to_string()])
+            .arg(&out));
+        assert_eq!(sha(&src), sha(&out), "byte-identical round trip");
+    };
+
+    let s = Server::start(
+        "dict",
+        &["--size", "32M", "--algo", "zstd:1", "--dict", "auto"],
+    );
+    run(Command::new("nbdcopy").args([src.to_str().unwrap(), &s.uri()]));
+    let start = Instant::now();
+    let st = loop {
+        let st = dict_status(&s).expect("dict line in stat");
+        if st.trainings >= 1 && !st.busy {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no dictionary: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        st.version >= 1 && st.recompressed > 0 && st.pages > 0,
+        "{st:?}"
+    );
+    let (mm, _, _) = s.stat();
+    assert!(
+        mm[2] >= mm[1] + st.bytes,
+        "dictionary memory in mem_used_total"
+    );
+    copy_back(&s);
+    let o = s.blk(&["stat"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("dict      version"));
+    drop(s);
+
+    // A dictionary file trained from the same kind of pages.
+    let data = std::fs::read(&src).unwrap();
+    let samples: Vec<&[u8]> = data.chunks(PAGE).step_by(8).collect();
+    let dict = compfs_codec::Dictionary::train(&samples, 64 << 10, 1).unwrap();
+    let dict_path = dir.join("pages.dict");
+    std::fs::write(&dict_path, dict.raw()).unwrap();
+    let s = Server::start(
+        "dictf",
+        &[
+            "--size",
+            "32M",
+            "--algo",
+            "zstd:1",
+            "--dict",
+            dict_path.to_str().unwrap(),
+        ],
+    );
+    run(Command::new("nbdcopy").args([src.to_str().unwrap(), &s.uri()]));
+    let st = dict_status(&s).unwrap();
+    assert_eq!((st.version, st.trainings), (1, 0), "{st:?}");
+    assert!(st.pages > 0);
+    copy_back(&s);
+    drop(s);
+
+    // Refusals: not zstd, a damaged file; one line each, before serving.
+    let bad = dir.join("bad.dict");
+    std::fs::write(&bad, &dict.raw()[..64]).unwrap();
+    for (algo, d, want) in [
+        ("lz4", "auto", "--dict needs --algo zstd"),
+        ("zstd:1", bad.to_str().unwrap(), "is damaged"),
+        ("zstd:1", "/nonexistent/x.dict", "cannot read dictionary"),
+    ] {
+        // Under timeout(1): a server that wrongly starts must not hang the test.
+        let o = Command::new("timeout")
+            .args(["30", BIN, "blk", "serve", "--socket"])
+            .arg(dir.join("never.sock"))
+            .args(["--size", "1M", "--algo", algo, "--dict", d])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(want),
+            "{algo} {d}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

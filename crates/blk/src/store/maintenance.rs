@@ -79,7 +79,11 @@ impl PageStore {
             else {
                 return Ok(());
             };
-            let first = if codec == RAW { 1 } else { codec as usize + 1 };
+            let first = if codec == RAW {
+                1
+            } else {
+                codec_index(codec) + 1
+            };
             for ci in first..self.codecs.len() {
                 let n = ctx.comp.compress(self.codecs[ci], data, &mut ctx.buf)?;
                 if n < len as usize && n <= HUGE_THRESHOLD {

@@ -21,10 +21,12 @@ use compfs_codec::{Algorithm, CodecSpec, Compressor, Decompressor};
 use crate::error::BlkError;
 use crate::pool::{Pool, PoolError, HUGE_THRESHOLD, PAGE};
 
+mod dict;
 mod maintenance;
 mod stats;
 mod table;
 
+pub use dict::{load_dict, DictSetup, DictStatus, DICT_SIZE, FIRST_TRAINING, SAMPLE_PAGES};
 pub use stats::Stats;
 use stats::{add, sub, Counters};
 use table::*;
@@ -158,6 +160,8 @@ pub struct PageStore {
     pool: Pool,
     c: Counters,
     backing: Option<Backing>,
+    /// zstd dictionaries (`--dict`), if in use.
+    dicts: Option<dict::Dicts>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -195,6 +199,7 @@ impl PageStore {
             shards,
             c: Counters::default(),
             backing: None,
+            dicts: None,
         })
     }
 
@@ -415,10 +420,13 @@ impl PageStore {
             Entry::Obj {
                 obj, len, codec, ..
             } => {
+                if codec != RAW && dict_slot(codec) != 0 {
+                    return self.decode_dict(ctx, page, obj, len, dict_slot(codec), dst);
+                }
                 let alg = if codec == RAW {
                     Algorithm::None
                 } else {
-                    match self.codecs.get(codec as usize) {
+                    match self.codecs.get(codec_index(codec)) {
                         Some(s) => s.algorithm(),
                         None => {
                             return Err(BlkError::Corrupt {
@@ -452,6 +460,31 @@ impl PageStore {
                 add(&self.c.bd_reads, 1);
                 Ok(())
             }
+        }
+    }
+
+    /// Decodes a page compressed with the dictionary in slot `slot`.
+    fn decode_dict(
+        &self,
+        ctx: &mut Ctx,
+        page: u64,
+        obj: crate::pool::ObjRef,
+        len: u16,
+        slot: u8,
+        dst: &mut [u8],
+    ) -> Result<(), BlkError> {
+        let corrupt = |detail: String| BlkError::Corrupt { page, detail };
+        let d = self
+            .dicts
+            .as_ref()
+            .and_then(|d| d.get(slot))
+            .ok_or_else(|| corrupt(format!("no dictionary in slot {slot}")))?;
+        match self.pool.with(obj, len as usize, |src| {
+            ctx.decomp.decompress_dict(&d.dict, src, dst)
+        }) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(corrupt(format!("dictionary version {}: {e}", d.version))),
+            None => Err(corrupt("dangling pool handle".into())),
         }
     }
 
@@ -492,15 +525,42 @@ impl PageStore {
             });
         }
         let spec = self.codecs[codec];
-        let len = ctx.comp.compress(spec, src, &mut ctx.buf)?;
+        let dict = match &self.dicts {
+            Some(d) if codec == 0 => {
+                d.offer(&mut ctx.comp, src);
+                d.acquire_current()
+            }
+            _ => None,
+        };
+        let release = |slot: u8| {
+            if let Some(d) = &self.dicts {
+                d.release(slot);
+            }
+        };
+        let len = match &dict {
+            Some((slot, s)) => ctx
+                .comp
+                .compress_dict(&s.dict, src, &mut ctx.buf)
+                .inspect_err(|_| release(*slot))?,
+            None => ctx.comp.compress(spec, src, &mut ctx.buf)?,
+        };
+        let slot = dict.map_or(0, |(slot, _)| slot);
         let (bytes, codec, len) = if len > HUGE_THRESHOLD {
+            if slot != 0 {
+                release(slot);
+            }
             (src, RAW, PAGE)
         } else {
-            (&ctx.buf[..len], codec as u8, len)
+            (&ctx.buf[..len], pack_codec(codec, slot), len)
         };
-        let obj = self.pool.alloc(bytes).map_err(|e| match e {
-            PoolError::Limit { limit } => BlkError::NoSpace { limit },
-            e => BlkError::Pool(e),
+        let obj = self.pool.alloc(bytes).map_err(|e| {
+            if codec != RAW && slot != 0 {
+                release(slot);
+            }
+            match e {
+                PoolError::Limit { limit } => BlkError::NoSpace { limit },
+                e => BlkError::Pool(e),
+            }
         })?;
         add(&self.c.pages_stored, 1);
         add(&self.c.compr_data_size, len as u64);
@@ -528,6 +588,11 @@ impl PageStore {
                 obj, len, codec, ..
             } => {
                 self.pool.free(obj);
+                if codec != RAW && dict_slot(codec) != 0 {
+                    if let Some(d) = &self.dicts {
+                        d.release(dict_slot(codec));
+                    }
+                }
                 sub(&self.c.pages_stored, 1);
                 sub(&self.c.compr_data_size, u64::from(len));
                 if codec == RAW {

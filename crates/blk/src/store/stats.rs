@@ -130,7 +130,7 @@ impl PageStore {
         Stats {
             orig_data_size: get(&c.pages_stored) * PAGE as u64,
             compr_data_size: get(&c.compr_data_size),
-            mem_used_total: self.pool.used_bytes(),
+            mem_used_total: self.pool.used_bytes() + self.dicts.as_ref().map_or(0, |d| d.bytes()),
             mem_limit: self.pool.limit(),
             mem_used_max: self.pool.max_bytes(),
             same_pages: get(&c.same_pages),

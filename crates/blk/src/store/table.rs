@@ -7,6 +7,9 @@ pub(super) const FLAG_IDLE: u8 = 1;
 /// Recompression found nothing smaller: skip the page next time (zram's ZRAM_INCOMPRESSIBLE).
 pub(super) const FLAG_NO_RECOMP: u8 = 2;
 
+/// The background dictionary pass could not improve the page: leave it until rewritten.
+pub(super) const FLAG_NO_DICT: u8 = 4;
+
 /// Codec index of a raw (huge) page.
 pub(super) const RAW: u8 = u8::MAX;
 
@@ -127,5 +130,41 @@ impl std::ops::IndexMut<usize> for Table {
         }
         let c = slot.get_or_insert_with(|| vec![Entry::Empty; CHUNK_ENTRIES].into_boxed_slice());
         &mut c[idx % CHUNK_ENTRIES]
+    }
+}
+
+/// Highest dictionary slot a page entry can name (6 bits; 63 with codec 3 would spell RAW).
+pub(super) const MAX_DICT_SLOT: u8 = 62;
+
+/// The codec byte of a compressed entry: the codec index in the low 2 bits, the dictionary
+/// slot (0: none) in the high 6 bits. `RAW` (all ones) stays reserved for huge pages.
+pub(super) fn pack_codec(codec: usize, slot: u8) -> u8 {
+    debug_assert!(codec < 4 && slot <= MAX_DICT_SLOT);
+    (slot << 2) | (codec as u8 & 3)
+}
+
+/// The codec index of a packed codec byte (not RAW).
+pub(super) fn codec_index(b: u8) -> usize {
+    usize::from(b & 3)
+}
+
+/// The dictionary slot of a packed codec byte (0: none; not RAW).
+pub(super) fn dict_slot(b: u8) -> u8 {
+    b >> 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codec_byte_packing_round_trips_and_never_spells_raw() {
+        for codec in 0..4usize {
+            for slot in 0..=MAX_DICT_SLOT {
+                let b = pack_codec(codec, slot);
+                assert_ne!(b, RAW);
+                assert_eq!((codec_index(b), dict_slot(b)), (codec, slot));
+            }
+        }
     }
 }

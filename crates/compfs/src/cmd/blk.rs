@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use compfs_blk::server::{self, control_path, control_request};
+use compfs_blk::store::{load_dict, DictSetup, DictStatus};
 use compfs_blk::{Config, Export, PageStore, Stats};
 use compfs_codec::CodecSpec;
 
@@ -62,6 +63,10 @@ pub struct ServeArgs {
     /// Export name clients may ask for (the empty name selects it too).
     #[arg(long, default_value = "compfs")]
     name: String,
+    /// zstd dictionary: a file from `zstd --train` (zram's algorithm_params dict=), or `auto`
+    /// to train one from the pages written and retrain as they grow. zstd codecs only.
+    #[arg(long)]
+    dict: Option<String>,
     /// Control socket (default: the NBD socket path plus `.ctl`).
     #[arg(long)]
     control: Option<PathBuf>,
@@ -184,6 +189,20 @@ pub fn format_stat(lines: &[String]) -> Result<String> {
     if let Some(a) = field("algorithms") {
         out.push_str(&format!("codecs    {a}\n"));
     }
+    if let Some(d) = field("dict").and_then(DictStatus::parse) {
+        out.push_str(&format!(
+            "dict      version {} ({} held, {}), {} pages use it; trained {} times ({} ms last, {} ms total), {} pages moved to a newer one{}\n",
+            d.version,
+            d.dicts,
+            human(d.bytes),
+            d.pages,
+            d.trainings,
+            d.train_ms_last,
+            d.train_ms_total,
+            d.recompressed,
+            if d.busy { ", busy" } else { "" }
+        ));
+    }
     out.push_str(&format!(
         "backing   {} pages now, {} read, {} written\n",
         s.bd_count, s.bd_reads, s.bd_writes
@@ -270,7 +289,21 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
     if let Some(b) = &a.backing {
         store = store.with_backing(b).map_err(|e| anyhow!("{e}"))?;
     }
+    if let Some(d) = &a.dict {
+        if algo.algorithm() != compfs_codec::Algorithm::Zstd {
+            bail!("--dict needs --algo zstd[:N] (the codec is {algo})");
+        }
+        let setup = if d == "auto" {
+            DictSetup::Auto
+        } else {
+            DictSetup::Fixed(load_dict(Path::new(d), algo.level()).map_err(|e| anyhow!("{e}"))?)
+        };
+        store = store.with_dict(setup).map_err(|e| anyhow!("{e}"))?;
+    }
     let store = Arc::new(store);
+    if a.dict.is_some() {
+        server::spawn_dict_worker(store.clone()).map_err(|e| anyhow!("{e}"))?;
+    }
     let export = Export {
         name: a.name.clone(),
         description: format!("compfs blk, {algo}"),
