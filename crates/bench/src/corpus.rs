@@ -145,6 +145,45 @@ pub fn tree_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
+/// Compression threads for a benchmark: `threads`, else one per core.
+pub fn threads_or_cores(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    })
+}
+
+/// A benchmark's work directory (removed when dropped): in `dir` when given, else in the
+/// system's temporary directory, named after the benchmark `name`.
+pub fn work_dir(dir: Option<&Path>, name: &str) -> Result<tempfile::TempDir> {
+    match dir {
+        Some(d) => tempfile::Builder::new()
+            .prefix("compfs-bench-")
+            .tempdir_in(d)
+            .with_context(|| format!("cannot create a directory in {}", d.display())),
+        None => tempfile::Builder::new()
+            .prefix(&format!("compfs-bench-{name}-"))
+            .tempdir()
+            .context("cannot create a temporary directory"),
+    }
+}
+
+/// The corpus's files in memory (an archive or directory is unpacked into `work` first); an
+/// empty corpus is an error.
+pub fn load(corpus: &Path, work: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let root = if corpus.is_dir() || is_archive(corpus) {
+        unpack(corpus, work)?
+    } else {
+        corpus.to_path_buf()
+    };
+    let files = read_files(&[root])?;
+    if files.is_empty() {
+        bail!("no files in the corpus {}", corpus.display());
+    }
+    Ok(files)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

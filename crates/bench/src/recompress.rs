@@ -14,7 +14,7 @@ use compfs_store::{
 use serde::Serialize;
 
 use crate::corpus;
-use crate::error::{bail, Context, Result};
+use crate::error::{Context, Result};
 use crate::store::{cpu_time, single_thread, write_corpus};
 
 #[derive(clap::Args, Debug)]
@@ -139,31 +139,10 @@ fn defrag_all(s: &Store, t: &DefragTarget) -> Result<(DefragReport, Duration, Du
 
 /// Runs `compfs bench recompress`.
 pub fn run(a: Args) -> Result<()> {
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-    });
-    let base = match &a.dir {
-        Some(d) => tempfile::Builder::new()
-            .prefix("compfs-bench-")
-            .tempdir_in(d)
-            .with_context(|| format!("cannot create a directory in {}", d.display()))?,
-        None => tempfile::Builder::new()
-            .prefix("compfs-bench-recompress-")
-            .tempdir()
-            .context("cannot create a temporary directory")?,
-    };
+    let threads = corpus::threads_or_cores(a.threads);
+    let base = corpus::work_dir(a.dir.as_deref(), "recompress")?;
     let base = base.path();
-    let root = if a.corpus.is_dir() || corpus::is_archive(&a.corpus) {
-        corpus::unpack(&a.corpus, base)?
-    } else {
-        a.corpus.clone()
-    };
-    let files = corpus::read_files(&[root])?;
-    if files.is_empty() {
-        bail!("no files in the corpus {}", a.corpus.display());
-    }
+    let files = corpus::load(&a.corpus, base)?;
     let total: u64 = files.iter().map(|f| f.1.len() as u64).sum();
     let (from, to) = (spec(&a.from)?, spec(&a.to)?);
     println!(

@@ -9,7 +9,7 @@ use compfs_store::{CreateOptions, FileKind, OpenOptions, Store, Tuning, ROOT_INO
 use serde::Serialize;
 
 use crate::corpus;
-use crate::error::{bail, Context, Result};
+use crate::error::{bail, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -153,31 +153,10 @@ pub(crate) fn single_thread(spec: CodecSpec, files: &[(String, Vec<u8>)]) -> Res
 
 /// Runs `compfs bench store`.
 pub fn run(a: Args) -> Result<()> {
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-    });
-    let base = match &a.dir {
-        Some(d) => tempfile::Builder::new()
-            .prefix("compfs-bench-")
-            .tempdir_in(d)
-            .with_context(|| format!("cannot create a directory in {}", d.display()))?,
-        None => tempfile::Builder::new()
-            .prefix("compfs-bench-store-")
-            .tempdir()
-            .context("cannot create a temporary directory")?,
-    };
+    let threads = corpus::threads_or_cores(a.threads);
+    let base = corpus::work_dir(a.dir.as_deref(), "store")?;
     let base = base.path();
-    let root = if a.corpus.is_dir() || corpus::is_archive(&a.corpus) {
-        corpus::unpack(&a.corpus, base)?
-    } else {
-        a.corpus.clone()
-    };
-    let files = corpus::read_files(&[root])?;
-    if files.is_empty() {
-        bail!("no files in the corpus {}", a.corpus.display());
-    }
+    let files = corpus::load(&a.corpus, base)?;
     let total: u64 = files.iter().map(|f| f.1.len() as u64).sum();
     println!(
         "corpus: {} files, {}; {} compression threads",
