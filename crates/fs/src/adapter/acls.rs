@@ -34,6 +34,22 @@ impl CompFs {
         }
     }
 
+    /// Owner, group and ACLs of a new inode that `req` creates under `parent` with `mode` and
+    /// `umask`: the setgid-directory group rule ([`CompFs::owner_for`]), then the parent's
+    /// default ACL or the umask ([`CompFs::new_inode_acls`]).
+    pub(super) fn new_inode(
+        &self,
+        req: &Request,
+        parent: Ino,
+        mode: u32,
+        umask: u32,
+        is_dir: bool,
+    ) -> Result<(u32, u32, acl::Created), Errno> {
+        let (uid, gid, perm) = self.owner_for(req, parent, (mode & 0o7777) as u16, is_dir);
+        let acls = self.new_inode_acls(parent, perm, umask, is_dir)?;
+        Ok((uid, gid, acls))
+    }
+
     /// Permission bits and ACLs of a new inode in `parent` asked for with `perm` and `umask`
     /// (`posix_acl_create`). Without ACLs, the umask alone (the kernel has applied it already
     /// then; applying it again changes nothing).

@@ -380,9 +380,8 @@ impl Filesystem for CompFs {
         if matches!(k, FileKind::Dir | FileKind::Symlink) {
             return reply.error(Errno::EINVAL);
         }
-        let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, false);
-        let acls = match self.new_inode_acls(parent.0, perm, umask, false) {
-            Ok(c) => c,
+        let (uid, gid, acls) = match self.new_inode(req, parent.0, mode, umask, false) {
+            Ok(o) => o,
             Err(e) => return reply.error(e),
         };
         let r = self
@@ -400,9 +399,8 @@ impl Filesystem for CompFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, true);
-        let acls = match self.new_inode_acls(parent.0, perm, umask, true) {
-            Ok(c) => c,
+        let (uid, gid, acls) = match self.new_inode(req, parent.0, mode, umask, true) {
+            Ok(o) => o,
             Err(e) => return reply.error(e),
         };
         let r = self.store.mkdir(parent.0, name(n), acls.perm, uid, gid);
@@ -800,9 +798,8 @@ impl Filesystem for CompFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let (uid, gid, perm) = self.owner_for(req, parent.0, (mode & 0o7777) as u16, false);
-        let acls = match self.new_inode_acls(parent.0, perm, umask, false) {
-            Ok(c) => c,
+        let (uid, gid, acls) = match self.new_inode(req, parent.0, mode, umask, false) {
+            Ok(o) => o,
             Err(e) => return reply.error(e),
         };
         let attr = match self
