@@ -104,6 +104,10 @@ pub(super) struct Dicts {
     last_write_ms: AtomicU64,
     /// A dictionary was installed and pages of others may remain.
     stale: AtomicBool,
+    /// A training (train, judge, install) is under way: the status reports busy until the
+    /// new dictionary is current or rejected, so a reader never sees a finished training
+    /// without its outcome.
+    training: AtomicBool,
     trainings: AtomicU64,
     train_ms_last: AtomicU64,
     train_ms_total: AtomicU64,
@@ -216,6 +220,7 @@ impl Dicts {
             start: Instant::now(),
             last_write_ms: AtomicU64::new(0),
             stale: AtomicBool::new(false),
+            training: AtomicBool::new(false),
             trainings: AtomicU64::new(0),
             train_ms_last: AtomicU64::new(0),
             train_ms_total: AtomicU64::new(0),
@@ -346,13 +351,15 @@ impl Dicts {
     fn status(&self) -> DictStatus {
         let t = read(&self.table);
         let cur = t.slots.get(usize::from(t.current)).and_then(|s| s.as_ref());
-        let busy = self.training_due() || self.stale.load(Ordering::Relaxed);
+        let busy = self.training.load(Ordering::Acquire)
+            || self.training_due()
+            || self.stale.load(Ordering::Relaxed);
         DictStatus {
             version: cur.map_or(0, |s| s.version),
             dicts: t.slots.iter().filter(|s| s.is_some()).count() as u32,
             bytes: self.bytes(),
             pages: cur.map_or(0, |s| s.pages.load(Ordering::Relaxed)),
-            trainings: self.trainings.load(Ordering::Relaxed),
+            trainings: self.trainings.load(Ordering::Acquire),
             train_ms_last: self.train_ms_last.load(Ordering::Relaxed),
             train_ms_total: self.train_ms_total.load(Ordering::Relaxed),
             recompressed: self.recompressed.load(Ordering::Relaxed),
@@ -417,6 +424,17 @@ impl PageStore {
     }
 
     fn train(&self, d: &Dicts) -> Result<(), BlkError> {
+        /// Clears `Dicts::training` however the training ends.
+        struct Busy<'a>(&'a AtomicBool);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        // Set before `seen_at_training` so that `training_due` turning false never shows
+        // an idle store.
+        d.training.store(true, Ordering::Release);
+        let _busy = Busy(&d.training);
         let t0 = Instant::now();
         d.seen_at_training
             .store(d.seen.load(Ordering::Relaxed).max(1), Ordering::Relaxed);
@@ -449,9 +467,6 @@ impl PageStore {
             }
         };
         let ms = t0.elapsed().as_millis() as u64;
-        d.trainings.fetch_add(1, Ordering::Relaxed);
-        d.train_ms_last.store(ms, Ordering::Relaxed);
-        d.train_ms_total.fetch_add(ms, Ordering::Relaxed);
         let judge: Vec<&[u8]> = samples
             .iter()
             .step_by((samples.len() / JUDGE_PAGES).max(1))
@@ -481,6 +496,11 @@ impl PageStore {
                 tracing::info!("no free dictionary slot; keeping the current dictionary");
             }
         }
+        // Counted once the outcome is in place: a reader that sees the count sees the
+        // dictionary it produced (or knows it was rejected).
+        d.train_ms_last.store(ms, Ordering::Relaxed);
+        d.train_ms_total.fetch_add(ms, Ordering::Relaxed);
+        d.trainings.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
