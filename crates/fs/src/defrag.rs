@@ -30,6 +30,7 @@ use compfs_codec::CodecSpec;
 use compfs_store::{Attr, DefragReport, DefragTarget, Ino};
 
 use crate::error::RecordError;
+use crate::procstatus::ProcStatus;
 
 /// The write-to-request, read-for-figures xattr.
 pub const DEFRAG_XATTR: &str = "compfs.defrag";
@@ -166,25 +167,8 @@ pub fn may_write(attr: &Attr, uid: u32, gid: u32, groups: &[u32]) -> bool {
 /// FUSE request carries the calling thread's id): `(tgid, groups)`. Unreadable (the caller
 /// exited): the thread id and no groups, which only narrows what [`may_write`] allows.
 pub fn caller_of(tid: u32) -> (u32, Vec<u32>) {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
-    parse_status(&status, tid)
-}
-
-/// `Tgid:` and `Groups:` of a `/proc/TID/status` text (see [`caller_of`]).
-fn parse_status(status: &str, tid: u32) -> (u32, Vec<u32>) {
-    let mut tgid = tid;
-    let mut groups = Vec::new();
-    for l in status.lines() {
-        if let Some(v) = l.strip_prefix("Tgid:") {
-            tgid = v.trim().parse().unwrap_or(tid);
-        } else if let Some(g) = l.strip_prefix("Groups:") {
-            groups = g
-                .split_ascii_whitespace()
-                .filter_map(|n| n.parse().ok())
-                .collect();
-        }
-    }
-    (tgid, groups)
+    let st = ProcStatus::read(tid);
+    (st.tgid.unwrap_or(tid), st.groups.unwrap_or_default())
 }
 
 /// The answers waiting to be read, keyed by (inode, requesting process).
@@ -318,11 +302,7 @@ mod tests {
     }
 
     #[test]
-    fn proc_status_gives_thread_group_and_groups() {
-        let st = "Name:\tx\nTgid:\t41\nPid:\t42\nGroups:\t4 24 100 \nNgid:\t0\n";
-        assert_eq!(parse_status(st, 42), (41, vec![4, 24, 100]));
-        assert_eq!(parse_status("", 42), (42, vec![]));
-        assert_eq!(parse_status("Tgid: x\nGroups:\n", 7), (7, vec![]));
+    fn caller_is_the_thread_group() {
         // This process, asked from the main thread.
         let (tgid, _) = caller_of(std::process::id());
         assert_eq!(tgid, std::process::id());

@@ -12,6 +12,7 @@ pub mod error;
 pub mod mount;
 pub mod options;
 pub mod privilege;
+pub mod procstatus;
 pub mod report;
 pub mod usage;
 pub mod walk;

@@ -18,6 +18,7 @@
 //! the file has a bit to lose). If that process is gone, or the daemon cannot see it, uid 0
 //! stands in for CAP_FSETID and the primary gid for the groups.
 
+use crate::procstatus::ProcStatus;
 use compfs_store::FileKind;
 
 const S_ISUID: u16 = 0o4000;
@@ -48,9 +49,9 @@ pub struct Caller {
 impl Caller {
     /// The credentials of process `pid` (uid/gid as FUSE reported them).
     pub fn of(uid: u32, gid: u32, pid: u32) -> Caller {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
-        match status.as_deref().and_then(parse_status) {
-            Some((groups, capeff)) if pid != 0 => Caller {
+        let st = ProcStatus::read(pid);
+        match (st.groups, st.cap_eff) {
+            (Some(groups), Some(capeff)) => Caller {
                 uid,
                 gid,
                 groups,
@@ -69,23 +70,6 @@ impl Caller {
     pub fn in_group(&self, gid: u32) -> bool {
         self.gid == gid || self.groups.contains(&gid)
     }
-}
-
-/// Supplementary groups and effective capabilities from the text of `/proc/PID/status`.
-pub fn parse_status(text: &str) -> Option<(Vec<u32>, u64)> {
-    let mut groups = None;
-    let mut cap = None;
-    for line in text.lines() {
-        if let Some(g) = line.strip_prefix("Groups:") {
-            groups = g
-                .split_whitespace()
-                .map(|s| s.parse().ok())
-                .collect::<Option<Vec<u32>>>();
-        } else if let Some(c) = line.strip_prefix("CapEff:") {
-            cap = u64::from_str_radix(c.trim(), 16).ok();
-        }
-    }
-    Some((groups?, cap?))
 }
 
 /// Does `change` possibly clear a bit of `perm`? (Cheap test before looking up the caller.)
@@ -220,17 +204,10 @@ mod tests {
     }
 
     #[test]
-    fn proc_status_is_parsed() {
-        let text = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 1000 \n\
-                    CapInh:\t0000000000000000\nCapEff:\t0000000000000010\n";
-        assert_eq!(parse_status(text), Some((vec![4, 24, 1000], 0x10)));
-        assert_eq!(
-            parse_status("Groups:\t\nCapEff:\t000001ffffffffff\n"),
-            Some((vec![], 0x1ff_ffff_ffff))
-        );
-        assert_eq!(parse_status("Groups:\tx\nCapEff:\t0\n"), None);
-        assert_eq!(parse_status(""), None);
+    fn caller_of_this_process() {
         let me = Caller::of(0, 0, std::process::id());
         assert_eq!(me.uid, 0);
+        let gone = Caller::of(1000, 1000, 0);
+        assert!(!gone.fsetid && gone.groups.is_empty());
     }
 }
