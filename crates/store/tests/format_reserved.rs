@@ -6,7 +6,7 @@
 use compfs_store::format::{
     ExtentHeader, ExtentRec, Inline, InodeRec, SbError, SegmentHeader, Superblock,
 };
-use compfs_store::{CodecSpec, FileKind, Mode, Timestamp};
+use compfs_store::{FileKind, Timestamp};
 
 /// Sets byte `i` of an encoding to 1 and, where a CRC covers it, fixes the CRC so that only
 /// the reserved-byte check can reject it.
@@ -20,16 +20,7 @@ fn poke(b: &mut [u8], i: usize, crc: Option<(std::ops::Range<usize>, usize)>) {
 
 #[test]
 fn reserved_bytes_must_be_zero() {
-    let sb = Superblock {
-        version: 1,
-        uuid: [7; 16],
-        extent_size: 131072,
-        codec: CodecSpec::parse("zstd:5").unwrap().spec,
-        mode: Mode::Force,
-        inline_max: 2048,
-        segment_size: 64 << 20,
-        created: 12345,
-    };
+    let sb = Superblock::test_fixture();
     let mut b = sb.encode();
     poke(&mut b, 39, Some((0..60, 60)));
     assert!(matches!(Superblock::decode(&b), Err(SbError::BadField(_))));

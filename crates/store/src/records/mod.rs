@@ -83,6 +83,24 @@ pub struct Superblock {
     pub created: i64,
 }
 
+impl Superblock {
+    /// A fixed superblock for the store's tests (zstd:5 forced, 128 KiB extents).
+    #[cfg(any(test, feature = "internals"))]
+    #[doc(hidden)]
+    pub fn test_fixture() -> Superblock {
+        Superblock {
+            version: 1,
+            uuid: [7; 16],
+            extent_size: 131072,
+            codec: CodecSpec::with_level(compfs_codec::Algorithm::Zstd, 5).spec,
+            mode: Mode::Force,
+            inline_max: 2048,
+            segment_size: 64 << 20,
+            created: 12345,
+        }
+    }
+}
+
 /// Why a segment header, extent header or metadata record could not be decoded. The messages
 /// are those fsck prints.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -4,16 +4,7 @@ use super::*;
 
 #[test]
 fn superblock_round_trip_and_damage() {
-    let sb = Superblock {
-        version: 1,
-        uuid: [7; 16],
-        extent_size: 131072,
-        codec: CodecSpec::parse("zstd:5").unwrap().spec,
-        mode: Mode::Force,
-        inline_max: 2048,
-        segment_size: 64 << 20,
-        created: 12345,
-    };
+    let sb = Superblock::test_fixture();
     let b = sb.encode();
     assert_eq!(Superblock::decode(&b).unwrap(), sb);
     assert_eq!(Superblock::decode(&b[..30]), Err(SbError::Truncated(30)));
