@@ -541,8 +541,7 @@ fn reply_header<W: Write>(w: &mut W, error: u32, cookie: u64) -> io::Result<()> 
 
 fn simple_reply<W: Write>(w: &mut W, error: u32, cookie: u64, data: &[u8]) -> io::Result<()> {
     reply_header(w, error, cookie)?;
-    w.write_all(data)?;
-    w.flush()
+    w.write_all(data)
 }
 
 /// Writes a structured reply chunk header; `len` payload bytes must follow.
@@ -594,7 +593,7 @@ fn error_chunk<W: Write>(
     if let Some(o) = offset {
         w.write_all(&o.to_be_bytes())?;
     }
-    w.flush()
+    Ok(())
 }
 
 /// An error reply: a structured error chunk when structured replies are negotiated (required
@@ -634,7 +633,58 @@ fn refusal_message(req: &Request, errno: u32) -> &'static str {
 /// [`CHUNK`] bytes, so a connection holds at most one chunk whatever the request length.
 /// Without structured replies every reply is simple; with them, READ and BLOCK_STATUS replies
 /// and all errors are structured, other successes stay simple (as nbdkit does).
-pub fn transmission<R: Read, W: Write>(
+pub fn transmission<R: Read + Pending, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    store: &PageStore,
+    session: &Session,
+) -> Result<(), BlkError> {
+    let result = serve_requests(r, w, store, session);
+    // Replies still buffered go out however the connection ends (best effort on error).
+    let flushed = w.flush();
+    match result {
+        Ok(()) => flushed.map_err(io_err("reply")),
+        Err(e) => Err(e),
+    }
+}
+
+/// Bytes a reader has already received and buffered, so the server can tell whether the next
+/// request can be read without blocking.
+pub trait Pending {
+    fn pending(&self) -> &[u8];
+}
+
+impl<R: Read> Pending for std::io::BufReader<R> {
+    fn pending(&self) -> &[u8] {
+        self.buffer()
+    }
+}
+
+impl<T: AsRef<[u8]>> Pending for std::io::Cursor<T> {
+    fn pending(&self) -> &[u8] {
+        let all = self.get_ref().as_ref();
+        let pos = usize::try_from(self.position()).unwrap_or(usize::MAX);
+        all.get(pos..).unwrap_or(&[])
+    }
+}
+
+/// Whether `pending` holds a whole request (header and, for a WRITE, its payload), so that
+/// serving it cannot block on the socket. While it does, replies stay in the write buffer and
+/// go out together: a client with many requests in flight gets them in a few `sendto` calls
+/// instead of one per request, and a client waiting for its only request never waits on a
+/// buffered reply.
+pub fn whole_request_buffered(pending: &[u8]) -> bool {
+    let Some(h) = pending.first_chunk::<REQUEST_LEN>() else {
+        return false;
+    };
+    match Request::parse(h) {
+        Ok(req) if req.has_payload() => pending.len() - REQUEST_LEN >= req.len as usize,
+        // A bad magic is answered by closing; nothing to wait for.
+        _ => true,
+    }
+}
+
+fn serve_requests<R: Read + Pending, W: Write>(
     r: &mut R,
     w: &mut W,
     store: &PageStore,
@@ -643,6 +693,9 @@ pub fn transmission<R: Read, W: Write>(
     let size = store.size();
     let mut buf: Vec<u8> = Vec::new();
     loop {
+        if !whole_request_buffered(r.pending()) {
+            w.flush().map_err(io_err("reply"))?;
+        }
         let mut h = [0u8; REQUEST_LEN];
         match r.read_exact(&mut h) {
             Ok(()) => {}
@@ -697,7 +750,6 @@ pub fn transmission<R: Read, W: Write>(
                             w.write_all(&buf[..n]).map_err(io_err("reply"))?;
                             done += n;
                         }
-                        w.flush().map_err(io_err("reply"))?;
                         continue;
                     }
                 }
@@ -759,7 +811,6 @@ fn structured_read<W: Write>(
     let len = req.len as usize;
     if len == 0 {
         chunk_header(w, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0)
-            .and_then(|_| w.flush())
             .map_err(io_err("reply"))?;
         return Ok(());
     }
@@ -783,7 +834,7 @@ fn structured_read<W: Write>(
         send().map_err(io_err("reply"))?;
         done += n;
     }
-    w.flush().map_err(io_err("reply"))
+    Ok(())
 }
 
 /// A BLOCK_STATUS reply for `base:allocation`: one NBD_REPLY_TYPE_BLOCK_STATUS chunk (DONE)
@@ -817,6 +868,5 @@ fn block_status<W: Write>(
         req.cookie,
         buf.len() as u32,
     )?;
-    w.write_all(buf)?;
-    w.flush()
+    w.write_all(buf)
 }
