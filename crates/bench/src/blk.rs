@@ -81,6 +81,8 @@ pub struct FioRow {
     pub device: String,
     pub rw: String,
     pub jobs: u32,
+    /// Requests in flight per job.
+    pub iodepth: u32,
     /// Median of `runs`.
     pub iops: f64,
     pub runs: Vec<f64>,
@@ -224,7 +226,18 @@ fn nbdcopy_in(input: &Path, uri: &str) -> Result<f64> {
     Ok(std::fs::metadata(input)?.len() as f64 / 1e6 / secs)
 }
 
-fn fio(target: &[String], rw: &str, jobs: u32, runtime: u64, size: u64) -> Result<f64> {
+/// The fio jobs: (jobs, iodepth) for each of randread and randwrite. One job at iodepth 1 is one
+/// request at a time (latency); iodepth 32 keeps a connection's queue full (the server's
+/// per-request cost with no client wait); two jobs are two connections at once.
+pub const FIO_JOBS: [(u32, u32); 4] = [(1, 1), (2, 1), (1, 32), (2, 32)];
+
+fn fio(
+    target: &[String],
+    rw: &str,
+    (jobs, iodepth): (u32, u32),
+    runtime: u64,
+    size: u64,
+) -> Result<f64> {
     let mut args: Vec<String> = [
         "--name=blk",
         &format!("--rw={rw}"),
@@ -234,7 +247,7 @@ fn fio(target: &[String], rw: &str, jobs: u32, runtime: u64, size: u64) -> Resul
         "--time_based",
         &format!("--runtime={runtime}"),
         &format!("--size={size}"),
-        "--iodepth=1",
+        &format!("--iodepth={iodepth}"),
         "--buffer_compress_percentage=50",
         "--refill_buffers",
         "--randrepeat=0",
@@ -255,23 +268,26 @@ fn fio_interleaved(
     out: &mut Vec<FioRow>,
 ) -> Result<()> {
     for rw in ["randread", "randwrite"] {
-        for jobs in [1, 2] {
+        for (jobs, iodepth) in FIO_JOBS {
             let mut runs = vec![Vec::new(); targets.len()];
             for _ in 0..a.reps.max(1) {
                 for (i, (_, args)) in targets.iter().enumerate() {
-                    runs[i].push(fio(args, rw, jobs, a.runtime, size)?);
+                    runs[i].push(fio(args, rw, (jobs, iodepth), a.runtime, size)?);
                 }
             }
             for ((device, _), mut r) in targets.iter().zip(runs) {
                 let mut sorted = r.clone();
                 sorted.sort_by(f64::total_cmp);
                 let iops = sorted[sorted.len() / 2];
-                eprintln!("  fio {device} {rw} jobs={jobs}: {iops:.0} IOPS (runs {r:.0?})");
+                eprintln!(
+                    "  fio {device} {rw} jobs={jobs} iodepth={iodepth}: {iops:.0} IOPS (runs {r:.0?})"
+                );
                 r.shrink_to_fit();
                 out.push(FioRow {
                     device: device.clone(),
                     rw: rw.into(),
                     jobs,
+                    iodepth,
                     iops,
                     runs: r,
                 });
@@ -438,7 +454,8 @@ fn zram_run(
     let r = row("kernel zram", alg, &stats, None, mb_s);
     if !a.no_fio && alg == "lz4" {
         let target = vec![
-            "--ioengine=psync".to_string(),
+            // libaio keeps iodepth requests in flight (psync would run one at a time).
+            "--ioengine=libaio".to_string(),
             "--direct=1".into(),
             "--filename=/dev/zram0".into(),
         ];
@@ -503,18 +520,51 @@ fn print_tables(rep: &Report) {
         }
     }
     if !rep.fio.is_empty() {
-        println!("\n| device | job | jobs | IOPS (median) | runs |\n|---|---|---:|---:|---|");
+        println!(
+            "\n| device | job | jobs | iodepth | IOPS (median) | runs |\n|---|---|---:|---:|---:|---|"
+        );
         for f in &rep.fio {
             let runs: Vec<String> = f.runs.iter().map(|r| format!("{r:.0}")).collect();
             println!(
-                "| {} | {} 4k | {} | {:.0} | {} |",
+                "| {} | {} 4k | {} | {} | {:.0} | {} |",
                 f.device,
                 f.rw,
                 f.jobs,
+                f.iodepth,
                 f.iops,
                 runs.join(" ")
             );
         }
+        print_fio_ratios(&rep.fio);
+    }
+}
+
+/// compfs against nbdkit memory, job by job (medians of the same run).
+fn print_fio_ratios(rows: &[FioRow]) {
+    let find = |dev: &str, f: &FioRow| {
+        rows.iter().find(|g| {
+            g.device.starts_with(dev) && g.rw == f.rw && g.jobs == f.jobs && g.iodepth == f.iodepth
+        })
+    };
+    let pairs: Vec<(&FioRow, &FioRow)> = rows
+        .iter()
+        .filter(|f| f.device.starts_with("compfs"))
+        .filter_map(|f| find("nbdkit", f).map(|n| (f, n)))
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!("\n| job | jobs | iodepth | compfs IOPS | nbdkit IOPS | compfs / nbdkit |\n|---|---:|---:|---:|---:|---:|");
+    for (c, n) in pairs {
+        println!(
+            "| {} 4k | {} | {} | {:.0} | {:.0} | {:.2}x |",
+            c.rw,
+            c.jobs,
+            c.iodepth,
+            c.iops,
+            n.iops,
+            if n.iops > 0.0 { c.iops / n.iops } else { 0.0 }
+        );
     }
 }
 
