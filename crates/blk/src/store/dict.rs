@@ -9,6 +9,12 @@
 //! with the current dictionary; [`PageStore::dict_maintain`] (run by a low-priority thread)
 //! trains when due and recompresses the pages of older dictionaries, or of none, with it.
 //! The dictionaries' memory and the sample pages are counted in `mem_used_total`.
+//!
+//! The sample pages are only needed for the next training. Once a dictionary is trained, its
+//! pages are moved onto it and writes have been quiet for [`IDLE_RETRAIN`] with no training
+//! due, the reservoir is released (its memory leaves `mem_used_total`, `samples_released` in
+//! the status counts the pages dropped). Sampling then starts over with the pages written
+//! after that, so a later retraining learns from the data that made it due.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -31,6 +37,8 @@ pub const DICT_SIZE: usize = 112_640;
 pub const IDLE_RETRAIN: Duration = Duration::from_secs(1);
 /// Pages recompressed per shard lock hold by the background pass.
 const BATCH: usize = 16;
+/// Pages sampled since a release before a retraining may run.
+const MIN_SAMPLES: u64 = 256;
 /// Sample pages a new dictionary is judged on against the current one.
 const JUDGE_PAGES: usize = 256;
 
@@ -99,6 +107,10 @@ pub(super) struct Dicts {
     next_version: AtomicU32,
     samples: Mutex<Reservoir>,
     seen: AtomicU64,
+    /// `seen` when the reservoir was last released: sampling restarts from there.
+    seen_at_release: AtomicU64,
+    /// Sample pages dropped by releases.
+    samples_released: AtomicU64,
     seen_at_training: AtomicU64,
     start: Instant,
     last_write_ms: AtomicU64,
@@ -159,6 +171,8 @@ pub struct DictStatus {
     pub recompressed: u64,
     /// Sample pages held.
     pub samples: u64,
+    /// Sample pages released once no training was due (their memory returned).
+    pub samples_released: u64,
     /// Training or recompression is due or under way.
     pub busy: bool,
 }
@@ -167,7 +181,7 @@ impl DictStatus {
     /// The `dict` line of `compfs blk stat`.
     pub fn line(&self) -> String {
         format!(
-            "version {} dicts {} bytes {} pages {} trainings {} train_ms_last {} train_ms_total {} recompressed {} samples {} busy {}",
+            "version {} dicts {} bytes {} pages {} trainings {} train_ms_last {} train_ms_total {} recompressed {} samples {} busy {} samples_released {}",
             self.version,
             self.dicts,
             self.bytes,
@@ -177,7 +191,8 @@ impl DictStatus {
             self.train_ms_total,
             self.recompressed,
             self.samples,
-            u8::from(self.busy)
+            u8::from(self.busy),
+            self.samples_released
         )
     }
 
@@ -199,6 +214,8 @@ impl DictStatus {
             recompressed: get("recompressed")?,
             samples: get("samples")?,
             busy: get("busy")? != 0,
+            // Absent from servers before the release existed.
+            samples_released: get("samples_released").unwrap_or(0),
         })
     }
 }
@@ -216,6 +233,8 @@ impl Dicts {
             next_version: AtomicU32::new(1),
             samples: Mutex::new(Reservoir::default()),
             seen: AtomicU64::new(0),
+            seen_at_release: AtomicU64::new(0),
+            samples_released: AtomicU64::new(0),
             seen_at_training: AtomicU64::new(0),
             start: Instant::now(),
             last_write_ms: AtomicU64::new(0),
@@ -308,7 +327,11 @@ impl Dicts {
         if !self.auto {
             return;
         }
-        let n = self.seen.fetch_add(1, Ordering::Relaxed);
+        // Position in the sample since the last release.
+        let n = self
+            .seen
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_sub(self.seen_at_release.load(Ordering::Relaxed));
         self.last_write_ms
             .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
         let cap = SAMPLE_PAGES as u64;
@@ -333,6 +356,48 @@ impl Dicts {
         }
     }
 
+    /// Writes have been quiet for [`IDLE_RETRAIN`].
+    fn quiet(&self) -> bool {
+        let now = self.start.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_write_ms.load(Ordering::Relaxed))
+            >= IDLE_RETRAIN.as_millis() as u64
+    }
+
+    fn sample_count(&self) -> usize {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pages
+            .len()
+    }
+
+    /// The reservoir can go: a dictionary was trained and its pages moved, writes are quiet
+    /// and no training is due or under way.
+    fn release_due(&self) -> bool {
+        self.auto
+            && self.trainings.load(Ordering::Acquire) > 0
+            && !self.training.load(Ordering::Acquire)
+            && !self.stale.load(Ordering::Relaxed)
+            && self.quiet()
+            && !self.training_due()
+            && self.sample_count() > 0
+    }
+
+    /// Drops the sample pages and restarts sampling from the pages written from now on.
+    /// Returns the pages dropped.
+    fn release_samples(&self) -> u64 {
+        let mut r = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let pages = std::mem::take(&mut r.pages);
+        let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
+        self.seen_at_release
+            .store(self.seen.load(Ordering::Relaxed), Ordering::Relaxed);
+        drop(r);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.samples_released
+            .fetch_add(pages.len() as u64, Ordering::Relaxed);
+        pages.len() as u64
+    }
+
     fn training_due(&self) -> bool {
         if !self.auto {
             return false;
@@ -342,10 +407,10 @@ impl Dicts {
         if at == 0 {
             return seen >= FIRST_TRAINING;
         }
-        let now = self.start.elapsed().as_millis() as u64;
-        let quiet = now.saturating_sub(self.last_write_ms.load(Ordering::Relaxed))
-            >= IDLE_RETRAIN.as_millis() as u64;
-        seen >= 2 * at || (quiet && seen * 4 >= at * 5)
+        // After a release the reservoir must refill before a training can learn from it.
+        let samples = seen.saturating_sub(self.seen_at_release.load(Ordering::Relaxed));
+        let grown = seen >= 2 * at || (self.quiet() && seen * 4 >= at * 5);
+        grown && samples >= MIN_SAMPLES
     }
 
     fn status(&self) -> DictStatus {
@@ -353,7 +418,8 @@ impl Dicts {
         let cur = t.slots.get(usize::from(t.current)).and_then(|s| s.as_ref());
         let busy = self.training.load(Ordering::Acquire)
             || self.training_due()
-            || self.stale.load(Ordering::Relaxed);
+            || self.stale.load(Ordering::Relaxed)
+            || self.release_due();
         DictStatus {
             version: cur.map_or(0, |s| s.version),
             dicts: t.slots.iter().filter(|s| s.is_some()).count() as u32,
@@ -363,13 +429,9 @@ impl Dicts {
             train_ms_last: self.train_ms_last.load(Ordering::Relaxed),
             train_ms_total: self.train_ms_total.load(Ordering::Relaxed),
             recompressed: self.recompressed.load(Ordering::Relaxed),
-            samples: self
-                .samples
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pages
-                .len() as u64,
+            samples: self.sample_count() as u64,
             busy,
+            samples_released: self.samples_released.load(Ordering::Relaxed),
         }
     }
 }
@@ -402,7 +464,8 @@ impl PageStore {
     /// One step of background dictionary work: trains a new dictionary when one is due
     /// (keeping it only if it compresses the samples at least 1% better than the current
     /// one), else recompresses up to one batch of pages per shard onto the current
-    /// dictionary. Returns whether anything was left to do.
+    /// dictionary, else releases the sample pages when that is due. Returns whether anything
+    /// was left to do.
     pub fn dict_maintain(&self) -> Result<bool, BlkError> {
         let Some(d) = &self.dicts else {
             return Ok(false);
@@ -412,6 +475,11 @@ impl PageStore {
             return Ok(true);
         }
         if !d.stale.load(Ordering::Relaxed) {
+            if d.release_due() {
+                let n = d.release_samples();
+                tracing::info!("released {n} dictionary sample pages (no training due)");
+                return Ok(true);
+            }
             return Ok(false);
         }
         let looked_at = self.recompress_onto_current(d)?;
@@ -642,7 +710,7 @@ mod tests {
         let mut m = std::collections::HashMap::new();
         for shard in s.shards.iter() {
             let mut t = lock(shard);
-            for (_, e) in t.entries_mut() {
+            for (_, e, _) in t.entries_mut() {
                 if let Entry::Obj { codec, .. } = *e {
                     if codec != RAW && dict_slot(codec) != 0 {
                         *m.entry(dict_slot(codec)).or_insert(0) += 1;
@@ -702,8 +770,8 @@ mod tests {
         assert!(b.mem_used_total >= st.bytes && st.bytes > 16 << 10);
         check_counts(&s);
         // Recompression with a secondary codec takes pages off the dictionary.
-        s.mark_idle();
-        s.recompress(PageKind::Idle, 0).unwrap();
+        s.mark_idle(None);
+        s.recompress(PageKind::Idle, 0, 0).unwrap();
         check_counts(&s);
         for p in 0..256u64 {
             s.read(p * PAGE as u64, &mut buf).unwrap();
@@ -799,6 +867,72 @@ mod tests {
         assert!(s.stats().compr_data_size < plain.stats().compr_data_size);
     }
 
+    /// Makes the last write look `secs` old (the quiet rule uses the time since start).
+    fn age_writes(s: &mut PageStore, secs: u64) {
+        let d = s.dicts.as_mut().unwrap();
+        d.start = d
+            .start
+            .checked_sub(Duration::from_secs(secs))
+            .unwrap_or(d.start);
+        d.last_write_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Makes writes look ongoing however long the test takes (a slow debug training must not
+    /// let the quiet rule fire).
+    fn writes_ongoing(s: &PageStore) {
+        let d = s.dicts.as_ref().unwrap();
+        d.last_write_ms.store(u64::MAX / 4, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn samples_are_released_when_no_training_is_due_and_sampling_restarts() {
+        let n = 2 * FIRST_TRAINING + 512;
+        let mut s = store(n, "zstd:1").with_dict(DictSetup::Auto).unwrap();
+        for p in 0..FIRST_TRAINING {
+            s.write(p * PAGE as u64, &page(0, p)).unwrap();
+        }
+        writes_ongoing(&s);
+        drain(&s);
+        let st = s.dict_status().unwrap();
+        assert_eq!(
+            (st.trainings, st.samples),
+            (1, SAMPLE_PAGES as u64),
+            "{st:?}"
+        );
+        // Writes go on: the samples stay and nothing is pending.
+        assert!(!st.busy, "{st:?}");
+        let before = s.stats().mem_used_total;
+        age_writes(&mut s, 5);
+        assert!(s.dict_status().unwrap().busy, "a due release shows as busy");
+        drain(&s);
+        let st = s.dict_status().unwrap();
+        assert_eq!(st.samples, 0, "{st:?}");
+        assert_eq!(st.samples_released, SAMPLE_PAGES as u64);
+        assert!(!st.busy, "{st:?}");
+        let cur = s.dicts.as_ref().unwrap().get(1).unwrap();
+        assert_eq!(
+            st.bytes,
+            cur.dict.memory() as u64,
+            "only the dictionary is left"
+        );
+        assert!(s.stats().mem_used_total < before);
+        // New writes refill the reservoir from zero; doubling the data retrains on them.
+        for p in FIRST_TRAINING..n {
+            s.write(p * PAGE as u64, &page(1, p)).unwrap();
+        }
+        let st = s.dict_status().unwrap();
+        assert_eq!(st.samples, (n - FIRST_TRAINING).min(SAMPLE_PAGES as u64));
+        drain(&s);
+        let st = s.dict_status().unwrap();
+        assert_eq!(st.trainings, 2, "{st:?}");
+        check_counts(&s);
+        let mut buf = vec![0u8; PAGE];
+        for p in 0..n {
+            s.read(p * PAGE as u64, &mut buf).unwrap();
+            assert_eq!(buf, page(u64::from(p >= FIRST_TRAINING), p), "page {p}");
+        }
+    }
+
     #[test]
     fn dictionaries_need_zstd_and_a_sound_file() {
         assert!(matches!(
@@ -882,8 +1016,8 @@ mod tests {
                         s.dict_maintain().unwrap();
                     }
                     Op::Recompress => {
-                        s.mark_idle();
-                        s.recompress(PageKind::Idle, 0).unwrap();
+                        s.mark_idle(None);
+                        s.recompress(PageKind::Idle, 0, 0).unwrap();
                     }
                 }
                 check_counts(&s);
