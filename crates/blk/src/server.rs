@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::error::BlkError;
 use crate::nbd::{self, Export, Handshake};
-use crate::store::{PageKind, PageStore};
+use crate::store::{PageKind, PageStore, PolicyConfig};
 
 /// Connections served at once; more are closed at accept so a flood cannot exhaust memory
 /// (each connection may hold one payload buffer of up to 32 MiB).
@@ -183,9 +183,26 @@ pub fn control_command(store: &PageStore, line: &str) -> Result<Vec<String>, Blk
             if let Some(d) = store.dict_status() {
                 lines.push(format!("dict {}", d.line()));
             }
+            lines.push(format!("writeback_limit {}", store.writeback_limit().line()));
+            if let Some(p) = store.policy_config() {
+                lines.push(format!(
+                    "policy idle_age {} {}",
+                    p.idle_age,
+                    store.policy_status().line()
+                ));
+            }
             Ok(lines)
         }
-        ["mark-idle"] => Ok(vec![format!("marked {}", store.mark_idle())]),
+        ["mark-idle", rest @ ..] if rest.len() <= 1 => {
+            let age = match rest.first() {
+                Some(a) => Some(
+                    a.parse::<u32>()
+                        .map_err(|_| BlkError::Remote(format!("bad age '{a}': use seconds")))?,
+                ),
+                None => None,
+            };
+            Ok(vec![format!("marked {}", store.mark_idle(age))])
+        }
         ["compact"] => {
             let n = store.compact();
             release_free_memory();
@@ -196,25 +213,54 @@ pub fn control_command(store: &PageStore, line: &str) -> Result<Vec<String>, Blk
             release_free_memory();
             Ok(vec![])
         }
-        ["recompress", kind, rest @ ..] if rest.len() <= 1 => {
+        ["recompress", kind, rest @ ..] if rest.len() <= 2 => {
             let kind: PageKind = kind.parse().map_err(BlkError::Remote)?;
-            let threshold = match rest.first() {
-                Some(t) => t.parse::<u64>().map_err(|_| {
-                    BlkError::Remote(format!("bad threshold '{t}': use a byte count"))
-                })?,
-                None => 0,
-            };
+            let threshold = number(rest.first(), "threshold", "a byte count")?;
+            let max_pages = number(rest.get(1), "max_pages", "a page count")?;
             Ok(vec![format!(
                 "recompressed {}",
-                store.recompress(kind, threshold)?
+                store.recompress(kind, threshold, max_pages)?
             )])
         }
-        ["writeback", kind] => {
+        ["writeback", kind, rest @ ..] if rest.len() <= 1 => {
             let kind: PageKind = kind.parse().map_err(BlkError::Remote)?;
-            Ok(vec![format!("written {}", store.writeback(kind)?)])
+            let max_pages = number(rest.first(), "max_pages", "a page count")?;
+            Ok(vec![format!(
+                "written {}",
+                store.writeback(kind, max_pages)?
+            )])
+        }
+        ["writeback-limit", bytes, rest @ ..] if rest.len() <= 1 => {
+            let bytes = number(Some(bytes), "limit", "a byte count")?;
+            let period = number(rest.first(), "period", "seconds")?;
+            let period = u32::try_from(period)
+                .map_err(|_| BlkError::Remote(format!("period {period} is too long")))?;
+            store.set_writeback_limit(bytes, period);
+            Ok(vec![format!(
+                "writeback_limit {}",
+                store.writeback_limit().line()
+            )])
+        }
+        ["writeback-batch-size", n] => {
+            let n = number(Some(n), "batch size", "a page count")?;
+            store.set_writeback_batch_size(usize::try_from(n).unwrap_or(usize::MAX))?;
+            Ok(vec![format!(
+                "writeback_limit {}",
+                store.writeback_limit().line()
+            )])
         }
         [] => bad("empty command"),
-        _ => bad("unknown command; use stat, mark-idle, compact, reset, recompress idle|huge [THRESHOLD], writeback idle|huge"),
+        _ => bad("unknown command; use stat, mark-idle [AGE], compact, reset, recompress idle|huge|incompressible [THRESHOLD [MAX_PAGES]], writeback idle|huge|incompressible [MAX_PAGES], writeback-limit BYTES [PERIOD], writeback-batch-size PAGES"),
+    }
+}
+
+/// An optional numeric control argument (absent: 0).
+fn number(word: Option<&&str>, what: &str, unit: &str) -> Result<u64, BlkError> {
+    match word {
+        Some(w) => w
+            .parse::<u64>()
+            .map_err(|_| BlkError::Remote(format!("bad {what} '{w}': use {unit}"))),
+        None => Ok(0),
     }
 }
 
@@ -254,7 +300,6 @@ pub fn serve_control(listener: UnixListener, store: Arc<PageStore>) {
     }
 }
 
-/// Sends one command to a server's control socket; returns its reply lines or its error.
 /// Runs the store's background dictionary work (training, recompression onto the newest
 /// dictionary) on a thread at the lowest CPU priority, pausing while there is nothing to do.
 pub fn spawn_dict_worker(store: Arc<PageStore>) -> Result<(), BlkError> {
@@ -291,6 +336,40 @@ pub fn spawn_dict_worker(store: Arc<PageStore>) -> Result<(), BlkError> {
         .map_err(|e| BlkError::io("cannot start the dictionary thread", e))
 }
 
+/// Runs the memory policy (`--policy`) on a thread at the lowest CPU priority (nice 19 and
+/// SCHED_IDLE: it only gets a core nothing else wants), one step every
+/// [`PolicyConfig::interval`].
+pub fn spawn_policy_worker(store: Arc<PageStore>, cfg: PolicyConfig) -> Result<(), BlkError> {
+    std::thread::Builder::new()
+        .name("policy".into())
+        .spawn(move || {
+            lowest_priority();
+            loop {
+                std::thread::sleep(cfg.interval());
+                match store.policy_step(&cfg) {
+                    Ok(true) => release_free_memory(),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("memory policy: {e}"),
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| BlkError::io("cannot start the policy thread", e))
+}
+
+/// Puts the calling thread at nice 19 under SCHED_IDLE.
+fn lowest_priority() {
+    // SAFETY: setpriority and sched_setscheduler with pid 0 change the calling thread's
+    // nice value and policy on Linux (both are per thread there); the sched_param is a
+    // local initialised here and only read.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+        let p = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &p);
+    }
+}
+
+/// Sends one command to a server's control socket; returns its reply lines or its error.
 pub fn control_request(path: &Path, command: &str) -> Result<Vec<String>, BlkError> {
     let mut s = UnixStream::connect(path).map_err(|e| {
         BlkError::io(

@@ -205,12 +205,12 @@ fn recompress_idle_and_huge() {
     }
     let before = s.stats().compr_data_size;
     // Nothing idle yet: nothing recompressed.
-    assert_eq!(s.recompress(PageKind::Idle, 0).unwrap(), 0);
-    assert_eq!(s.mark_idle(), 16);
+    assert_eq!(s.recompress(PageKind::Idle, 0, 0).unwrap(), 0);
+    assert_eq!(s.mark_idle(None), 16);
     // Reading page 0 clears its idle mark.
     let mut b = vec![0u8; PAGE];
     s.read(0, &mut b).unwrap();
-    let n = s.recompress(PageKind::Idle, 0).unwrap();
+    let n = s.recompress(PageKind::Idle, 0, 0).unwrap();
     assert_eq!(n, 15);
     let after = s.stats().compr_data_size;
     assert!(after < before, "{after} < {before}");
@@ -219,15 +219,15 @@ fn recompress_idle_and_huge() {
         assert_eq!(b, text_page(p));
     }
     // A threshold above every size selects nothing.
-    s.mark_idle();
-    assert_eq!(s.recompress(PageKind::Idle, 4096).unwrap(), 0);
+    s.mark_idle(None);
+    assert_eq!(s.recompress(PageKind::Idle, 4096, 0).unwrap(), 0);
     // Huge random pages stay huge: zstd cannot shrink them, so the result is not kept.
     s.write(20 * PAGE as u64, &random_page(5)).unwrap();
-    assert_eq!(s.recompress(PageKind::Huge, 0).unwrap(), 0);
+    assert_eq!(s.recompress(PageKind::Huge, 0, 0).unwrap(), 0);
     assert_eq!(s.stats().huge_pages, 1);
     // Without recompression codecs the command is refused.
     assert!(matches!(
-        store(1, "lz4", &[], 0).recompress(PageKind::Huge, 0),
+        store(1, "lz4", &[], 0).recompress(PageKind::Huge, 0, 0),
         Err(BlkError::NoRecomp)
     ));
 }
@@ -244,14 +244,14 @@ fn writeback_moves_pages_to_file_and_reads_them_back() {
     for p in 4..8u64 {
         s.write(p * PAGE as u64, &text_page(p)).unwrap();
     }
-    assert_eq!(s.writeback(PageKind::Huge).unwrap(), 4);
+    assert_eq!(s.writeback(PageKind::Huge, 0).unwrap(), 4);
     let st = s.stats();
     assert_eq!((st.bd_count, st.bd_writes, st.huge_pages), (4, 4, 0));
     assert_eq!(st.orig_data_size, 4 * PAGE as u64);
-    s.mark_idle();
+    s.mark_idle(None);
     let mut b = vec![0u8; PAGE];
     s.read(4 * PAGE as u64, &mut b).unwrap(); // page 4 is no longer idle
-    assert_eq!(s.writeback(PageKind::Idle).unwrap(), 3);
+    assert_eq!(s.writeback(PageKind::Idle, 0).unwrap(), 3);
     for p in 0..8u64 {
         s.read(p * PAGE as u64, &mut b).unwrap();
         let want = if p < 4 { random_page(p) } else { text_page(p) };
@@ -265,7 +265,7 @@ fn writeback_moves_pages_to_file_and_reads_them_back() {
     s.trim(PAGE as u64, PAGE as u64).unwrap();
     assert_eq!(s.stats().bd_count, 5);
     assert!(matches!(
-        store(1, "lz4", &[], 0).writeback(PageKind::Idle),
+        store(1, "lz4", &[], 0).writeback(PageKind::Idle, 0),
         Err(BlkError::NoBacking)
     ));
     s.reset();
@@ -443,12 +443,12 @@ proptest! {
                     model[off as usize..(off + len) as usize].fill(0);
                 }
                 Op::Compact => { s.compact(); }
-                Op::MarkIdle => { s.mark_idle(); }
+                Op::MarkIdle => { s.mark_idle(None); }
                 Op::Recompress(huge) => {
-                    s.recompress(if huge { PageKind::Huge } else { PageKind::Idle }, 0).unwrap();
+                    s.recompress(if huge { PageKind::Huge } else { PageKind::Idle }, 0, 0).unwrap();
                 }
                 Op::Writeback(huge) => {
-                    s.writeback(if huge { PageKind::Huge } else { PageKind::Idle }).unwrap();
+                    s.writeback(if huge { PageKind::Huge } else { PageKind::Idle }, 0).unwrap();
                 }
                 Op::Reset => {
                     s.reset();
@@ -493,12 +493,16 @@ fn page_table_is_allocated_as_pages_are_written() {
     s.read(12345 * PAGE as u64, &mut b).unwrap();
     assert_eq!(s.stats().table_bytes, empty, "reads allocate nothing");
     s.write(12345 * PAGE as u64, &text_page(1)).unwrap();
-    assert_eq!(s.stats().table_bytes, empty + 512 * 10, "10-byte entries");
+    assert_eq!(
+        s.stats().table_bytes,
+        empty + 512 * (10 + 4),
+        "10-byte entries and 4-byte access times"
+    );
     s.read(12345 * PAGE as u64, &mut b).unwrap();
     assert_eq!(b, text_page(1));
-    s.mark_idle();
+    s.mark_idle(None);
     assert!(
-        s.recompress(PageKind::Idle, 0).is_err(),
+        s.recompress(PageKind::Idle, 0, 0).is_err(),
         "no recompression codec"
     );
     s.reset();

@@ -329,7 +329,7 @@ fn control_commands_recompress_writeback_compact_reset() {
     // Bad control input gets a one-line error.
     let o = s.blk(&["recompress", "--type", "sideways"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("idle or huge"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("idle, huge or incompressible"));
 }
 
 #[test]

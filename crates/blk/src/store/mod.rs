@@ -15,6 +15,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use compfs_codec::{Algorithm, CodecSpec, Compressor, Decompressor};
 
@@ -23,10 +24,12 @@ use crate::pool::{Pool, PoolError, HUGE_THRESHOLD, PAGE};
 
 mod dict;
 mod maintenance;
+mod policy;
 mod stats;
 mod table;
 
 pub use dict::{load_dict, DictSetup, DictStatus, DICT_SIZE, FIRST_TRAINING, SAMPLE_PAGES};
+pub use policy::{PolicyConfig, PolicyStatus, WritebackLimit};
 pub use stats::Stats;
 use stats::{add, sub, Counters};
 use table::*;
@@ -41,6 +44,8 @@ pub const MAX_RECOMP: usize = 3;
 pub enum PageKind {
     Idle,
     Huge,
+    /// Pages recompression could not shrink (zram's ZRAM_INCOMPRESSIBLE).
+    Incompressible,
 }
 
 impl std::str::FromStr for PageKind {
@@ -49,7 +54,10 @@ impl std::str::FromStr for PageKind {
         match s {
             "idle" => Ok(PageKind::Idle),
             "huge" => Ok(PageKind::Huge),
-            _ => Err(format!("unknown page type '{s}': use idle or huge")),
+            "incompressible" => Ok(PageKind::Incompressible),
+            _ => Err(format!(
+                "unknown page type '{s}': use idle, huge or incompressible"
+            )),
         }
     }
 }
@@ -59,6 +67,7 @@ impl std::fmt::Display for PageKind {
         f.write_str(match self {
             PageKind::Idle => "idle",
             PageKind::Huge => "huge",
+            PageKind::Incompressible => "incompressible",
         })
     }
 }
@@ -97,6 +106,42 @@ struct Backing {
 struct SlotAlloc {
     next: u32,
     free: Vec<u32>,
+}
+
+impl Backing {
+    /// `n` free page slots of the backing file.
+    fn alloc_slots(&self, n: usize) -> Vec<u32> {
+        let mut sl = lock(&self.slots);
+        (0..n)
+            .map(|_| match sl.free.pop() {
+                Some(x) => x,
+                None => {
+                    let x = sl.next;
+                    sl.next += 1;
+                    x
+                }
+            })
+            .collect()
+    }
+
+    fn free_slots(&self, slots: &[u32]) {
+        lock(&self.slots).free.extend_from_slice(slots);
+    }
+
+    /// Writes page `i` of `data` to `slots[i]`, runs of consecutive slots in one call.
+    fn write_slots(&self, slots: &[u32], data: &[u8]) -> std::io::Result<()> {
+        let mut i = 0;
+        while i < slots.len() {
+            let mut j = i + 1;
+            while j < slots.len() && slots[j] == slots[j - 1].wrapping_add(1) {
+                j += 1;
+            }
+            self.file
+                .write_all_at(&data[i * PAGE..j * PAGE], u64::from(slots[i]) * PAGE as u64)?;
+            i = j;
+        }
+        Ok(())
+    }
 }
 
 struct Ctx {
@@ -162,6 +207,13 @@ pub struct PageStore {
     backing: Option<Backing>,
     /// zstd dictionaries (`--dict`), if in use.
     dicts: Option<dict::Dicts>,
+    /// The clock of page access times (`Table::atime`).
+    epoch: Instant,
+    /// The writeback budget, `writeback_batch_size` and what the memory policy did.
+    wb: Mutex<policy::WbState>,
+    policy: policy::PolicyCounters,
+    /// `--policy`: how the background memory policy runs (None: off).
+    policy_cfg: Option<PolicyConfig>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -200,6 +252,10 @@ impl PageStore {
             c: Counters::default(),
             backing: None,
             dicts: None,
+            epoch: Instant::now(),
+            wb: Mutex::new(policy::WbState::default()),
+            policy: policy::PolicyCounters::default(),
+            policy_cfg: None,
         })
     }
 
@@ -225,6 +281,11 @@ impl PageStore {
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Seconds since the store started: the clock of page access times.
+    fn now(&self) -> u32 {
+        u32::try_from(self.epoch.elapsed().as_secs()).unwrap_or(u32::MAX)
     }
 
     fn shard(&self, page: u64) -> (&Mutex<Table>, usize) {
@@ -404,6 +465,7 @@ impl PageStore {
             *f &= !FLAG_IDLE;
         }
         let e = *e;
+        t.touch(idx, self.now());
         self.decode(ctx, page, e, dst)
     }
 
@@ -506,6 +568,7 @@ impl PageStore {
                 let new = self.encode(ctx, src, 0)?;
                 let old = t[idx];
                 t[idx] = new;
+                t.touch(idx, self.now());
                 self.free_entry(old);
                 Ok(())
             })();

@@ -1,4 +1,5 @@
-//! The page table: one 10-byte entry per page, in chunks allocated on first store.
+//! The page table: one 10-byte entry and a 4-byte access time per page, in chunks allocated on
+//! first store.
 
 use crate::pool::ObjRef;
 
@@ -37,6 +38,15 @@ pub(super) enum Entry {
 }
 
 impl Entry {
+    pub(super) fn flags(&self) -> Option<u8> {
+        match self {
+            Entry::Empty => None,
+            Entry::Same { flags, .. } | Entry::Obj { flags, .. } | Entry::Backed { flags, .. } => {
+                Some(*flags)
+            }
+        }
+    }
+
     pub(super) fn flags_mut(&mut self) -> Option<&mut u8> {
         match self {
             Entry::Empty => None,
@@ -56,12 +66,21 @@ pub(super) static EMPTY: Entry = Entry::Empty;
 // One entry per stored page: keep it at 10 bytes (16 with an aligned u64 or ObjRef inside).
 const _: () = assert!(std::mem::size_of::<Entry>() == 10);
 
+/// One chunk of a table: the entries and, beside them, each page's last access (seconds since
+/// the store started, as zram's `ac_time` with CONFIG_ZRAM_TRACK_ENTRY_ACTIME) for
+/// `mark-idle --age` and the memory policy.
+#[derive(Debug)]
+struct Chunk {
+    entries: [Entry; CHUNK_ENTRIES],
+    atime: [u32; CHUNK_ENTRIES],
+}
+
 /// One shard's page table. Chunks are allocated when a page in them is first stored, so a large
 /// device that is mostly unwritten costs a pointer per 512 pages (zram allocates its whole
 /// table at `disksize`).
 #[derive(Debug)]
 pub(super) struct Table {
-    chunks: Vec<Option<Box<[Entry]>>>,
+    chunks: Vec<Option<Box<Chunk>>>,
     len: usize,
     allocated: usize,
 }
@@ -84,19 +103,28 @@ impl Table {
         self.chunks
             .get_mut(idx / CHUNK_ENTRIES)?
             .as_mut()
-            .map(|c| &mut c[idx % CHUNK_ENTRIES])
+            .map(|c| &mut c.entries[idx % CHUNK_ENTRIES])
     }
 
-    /// Every entry of the allocated chunks, with its index.
-    pub(super) fn entries_mut(&mut self) -> impl Iterator<Item = (usize, &mut Entry)> {
+    /// Records an access to page `idx` at `now` (no-op for a page in an unallocated chunk).
+    pub(super) fn touch(&mut self, idx: usize, now: u32) {
+        if let Some(Some(c)) = self.chunks.get_mut(idx / CHUNK_ENTRIES) {
+            c.atime[idx % CHUNK_ENTRIES] = now;
+        }
+    }
+
+    /// Every entry of the allocated chunks, with its index and access time.
+    pub(super) fn entries_mut(&mut self) -> impl Iterator<Item = (usize, &mut Entry, u32)> {
         self.chunks
             .iter_mut()
             .enumerate()
             .filter_map(|(ci, c)| c.as_mut().map(|c| (ci, c)))
             .flat_map(|(ci, c)| {
-                c.iter_mut()
+                c.entries
+                    .iter_mut()
+                    .zip(c.atime.iter())
                     .enumerate()
-                    .map(move |(i, e)| (ci * CHUNK_ENTRIES + i, e))
+                    .map(move |(i, (e, at))| (ci * CHUNK_ENTRIES + i, e, *at))
             })
     }
 
@@ -106,8 +134,8 @@ impl Table {
     }
 
     pub(super) fn bytes(&self) -> u64 {
-        (self.allocated * CHUNK_ENTRIES * std::mem::size_of::<Entry>()
-            + self.chunks.capacity() * std::mem::size_of::<Option<Box<[Entry]>>>()) as u64
+        (self.allocated * std::mem::size_of::<Chunk>()
+            + self.chunks.capacity() * std::mem::size_of::<Option<Box<Chunk>>>()) as u64
     }
 }
 
@@ -115,7 +143,7 @@ impl std::ops::Index<usize> for Table {
     type Output = Entry;
     fn index(&self, idx: usize) -> &Entry {
         match self.chunks.get(idx / CHUNK_ENTRIES) {
-            Some(Some(c)) => &c[idx % CHUNK_ENTRIES],
+            Some(Some(c)) => &c.entries[idx % CHUNK_ENTRIES],
             _ => &EMPTY,
         }
     }
@@ -128,8 +156,13 @@ impl std::ops::IndexMut<usize> for Table {
         if slot.is_none() {
             self.allocated += 1;
         }
-        let c = slot.get_or_insert_with(|| vec![Entry::Empty; CHUNK_ENTRIES].into_boxed_slice());
-        &mut c[idx % CHUNK_ENTRIES]
+        let c = slot.get_or_insert_with(|| {
+            Box::new(Chunk {
+                entries: [Entry::Empty; CHUNK_ENTRIES],
+                atime: [0; CHUNK_ENTRIES],
+            })
+        });
+        &mut c.entries[idx % CHUNK_ENTRIES]
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use compfs_blk::server::{self, control_path, control_request};
-use compfs_blk::store::{load_dict, DictSetup, DictStatus};
+use compfs_blk::store::{load_dict, DictSetup, DictStatus, PolicyConfig, PolicyStatus};
 use compfs_blk::{Config, Export, PageStore, Stats};
 use compfs_codec::CodecSpec;
 
@@ -18,15 +18,21 @@ use compfs_codec::{human, parse_size};
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start the server in the foreground: a compressed RAM disk exported over NBD.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print zram's mm_stat, io_stat and bd_stat lines and a summary with the ratio.
     Stat(SocketArg),
-    /// Re-compress idle or huge pages with the --recomp-algo codecs (kept only if smaller).
+    /// Re-compress idle, huge or incompressible pages with the --recomp-algo codecs (kept only
+    /// if smaller).
     Recompress(RecompressArgs),
-    /// Move idle or huge pages to the --backing file.
+    /// Move idle, huge or incompressible pages to the --backing file.
     Writeback(WritebackArgs),
-    /// Mark every stored page idle; pages read or written later lose the mark.
-    MarkIdle(SocketArg),
+    /// Set the writeback budget: BYTES per --period seconds (0 bytes: no limit).
+    WritebackLimit(WritebackLimitArgs),
+    /// Set how many pages one writeback batch holds (zram's writeback_batch_size).
+    WritebackBatchSize(BatchArgs),
+    /// Mark stored pages idle (all, or those untouched for --age seconds); pages read or
+    /// written later lose the mark.
+    MarkIdle(MarkIdleArgs),
     /// Move objects out of sparse pool pages and free them.
     Compact(SocketArg),
     /// Drop every page and reset the statistics.
@@ -70,6 +76,52 @@ pub struct ServeArgs {
     /// Control socket (default: the NBD socket path plus `.ctl`).
     #[arg(long)]
     control: Option<PathBuf>,
+    /// Run the memory policy: pages idle for --idle-age are recompressed with the
+    /// --recomp-algo codecs, those idle for twice as long are written to --backing (coldest
+    /// first, within the writeback budget), and the pool is compacted, continuously at idle
+    /// CPU priority.
+    #[arg(long)]
+    policy: bool,
+    /// Seconds without a read or write after which the policy treats a page as idle.
+    #[arg(long, default_value = "300", requires = "policy")]
+    idle_age: u32,
+    /// Writeback budget in bytes per --writeback-period (K, M, G suffixes; 0: no limit).
+    #[arg(long, default_value = "0")]
+    writeback_limit: String,
+    /// Seconds after which the writeback budget refills (0: never, as zram's writeback_limit).
+    #[arg(long, default_value = "86400")]
+    writeback_period: u32,
+    /// Pages per writeback batch (zram's writeback_batch_size).
+    #[arg(long, default_value = "32")]
+    writeback_batch_size: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct MarkIdleArgs {
+    /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
+    socket: PathBuf,
+    /// Only pages not read or written for this many seconds.
+    #[arg(long)]
+    age: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct WritebackLimitArgs {
+    /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
+    socket: PathBuf,
+    /// Bytes per period (K, M, G suffixes; 0: no limit).
+    bytes: String,
+    /// Seconds after which the budget refills (0: never).
+    #[arg(long, default_value = "0")]
+    period: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct BatchArgs {
+    /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
+    socket: PathBuf,
+    /// Pages per batch.
+    pages: usize,
 }
 
 #[derive(Args, Debug)]
@@ -82,26 +134,32 @@ pub struct SocketArg {
 pub struct RecompressArgs {
     /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
     socket: PathBuf,
-    /// Which pages: idle or huge.
+    /// Which pages: idle, huge or incompressible.
     #[arg(long = "type")]
     kind: String,
     /// Only pages whose compressed size is at least this many bytes.
     #[arg(long)]
     threshold: Option<u64>,
+    /// At most this many pages are tried.
+    #[arg(long)]
+    max_pages: Option<u64>,
 }
 
 #[derive(Args, Debug)]
 pub struct WritebackArgs {
     /// The server's NBD socket path (its control socket is PATH.ctl), or the control socket.
     socket: PathBuf,
-    /// Which pages: idle or huge.
+    /// Which pages: idle, huge or incompressible.
     #[arg(long = "type")]
     kind: String,
+    /// At most this many pages are written.
+    #[arg(long)]
+    max_pages: Option<u64>,
 }
 
 pub fn run(cmd: Command) -> Result<ExitCode> {
     match cmd {
-        Command::Serve(a) => serve(a),
+        Command::Serve(a) => serve(*a),
         Command::Stat(a) => {
             let lines = request(&a.socket, "stat")?;
             print!("{}", format_stat(&lines)?);
@@ -109,17 +167,35 @@ pub fn run(cmd: Command) -> Result<ExitCode> {
         }
         Command::Recompress(a) => {
             check_kind(&a.kind)?;
-            let cmd = match a.threshold {
-                Some(t) => format!("recompress {} {t}", a.kind),
-                None => format!("recompress {}", a.kind),
-            };
+            let cmd = format!(
+                "recompress {} {} {}",
+                a.kind,
+                a.threshold.unwrap_or(0),
+                a.max_pages.unwrap_or(0)
+            );
             print_lines(request(&a.socket, &cmd)?)
         }
         Command::Writeback(a) => {
             check_kind(&a.kind)?;
-            print_lines(request(&a.socket, &format!("writeback {}", a.kind))?)
+            let cmd = format!("writeback {} {}", a.kind, a.max_pages.unwrap_or(0));
+            print_lines(request(&a.socket, &cmd)?)
         }
-        Command::MarkIdle(a) => print_lines(request(&a.socket, "mark-idle")?),
+        Command::WritebackLimit(a) => {
+            let bytes = parse_size(&a.bytes)?;
+            let cmd = format!("writeback-limit {bytes} {}", a.period);
+            print_lines(request(&a.socket, &cmd)?)
+        }
+        Command::WritebackBatchSize(a) => print_lines(request(
+            &a.socket,
+            &format!("writeback-batch-size {}", a.pages),
+        )?),
+        Command::MarkIdle(a) => {
+            let cmd = match a.age {
+                Some(age) => format!("mark-idle {age}"),
+                None => "mark-idle".to_string(),
+            };
+            print_lines(request(&a.socket, &cmd)?)
+        }
         Command::Compact(a) => print_lines(request(&a.socket, "compact")?),
         Command::Reset(a) => print_lines(request(&a.socket, "reset")?),
     }
@@ -202,6 +278,35 @@ pub fn format_stat(lines: &[String]) -> Result<String> {
             d.recompressed,
             if d.busy { ", busy" } else { "" }
         ));
+        if d.samples_released > 0 || d.samples > 0 {
+            out.push_str(&format!(
+                "          {} sample pages held, {} released\n",
+                d.samples, d.samples_released
+            ));
+        }
+    }
+    if let Some(w) = field("writeback_limit") {
+        let v: Vec<u64> = w
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if let [bytes, period, left, batch] = v[..] {
+            let budget = if bytes == 0 {
+                "no limit".to_string()
+            } else {
+                format!("{} per {period} s, {} left", human(bytes), human(left))
+            };
+            out.push_str(&format!("writeback budget {budget}; batch {batch} pages\n"));
+        }
+    }
+    if let Some(p) = field("policy") {
+        let age = p.split_whitespace().nth(1).unwrap_or("?");
+        if let Some(st) = PolicyStatus::parse(p) {
+            out.push_str(&format!(
+                "policy    idle after {age} s: {} steps, {} pages idle now; {} recompressed, {} written back, {} pool pages compacted\n",
+                st.steps, st.idle, st.recompressed, st.written, st.compacted
+            ));
+        }
     }
     out.push_str(&format!(
         "backing   {} pages now, {} read, {} written\n",
@@ -300,9 +405,25 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         };
         store = store.with_dict(setup).map_err(|e| anyhow!("{e}"))?;
     }
+    store.set_writeback_limit(parse_size(&a.writeback_limit)?, a.writeback_period);
+    store
+        .set_writeback_batch_size(a.writeback_batch_size)
+        .map_err(|e| anyhow!("--writeback-batch-size: {e}"))?;
+    let policy = a.policy.then_some(PolicyConfig {
+        idle_age: a.idle_age,
+    });
+    if let Some(p) = policy {
+        if a.recomp_algo.is_empty() && a.backing.is_none() {
+            eprintln!("compfs: warning: --policy without --recomp-algo or --backing only compacts the pool");
+        }
+        store = store.with_policy(p);
+    }
     let store = Arc::new(store);
     if a.dict.is_some() {
         server::spawn_dict_worker(store.clone()).map_err(|e| anyhow!("{e}"))?;
+    }
+    if let Some(p) = policy {
+        server::spawn_policy_worker(store.clone(), p).map_err(|e| anyhow!("{e}"))?;
     }
     let export = Export {
         name: a.name.clone(),
