@@ -40,6 +40,12 @@ pub struct Args {
     /// Skip the fio throughput runs.
     #[arg(long)]
     pub no_fio: bool,
+    /// Seconds per working-set phase of the memory-policy run (0: skip it). The fio codec's
+    /// server with `--policy --idle-age 2`, zstd:9 recompression and a backing file, against
+    /// the same server without the policy, with fio's random reads moving through four
+    /// quarters of the device.
+    #[arg(long, default_value = "6")]
+    pub policy_secs: u64,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -103,6 +109,166 @@ pub struct Report {
     pub ratios: Vec<RatioRow>,
     pub fio: Vec<FioRow>,
     pub store_scaling: Vec<ScalingRow>,
+    pub policy: Vec<PolicyRow>,
+}
+
+/// One working-set phase of the policy run: the working set's IOPS and the memory after the
+/// phase, with and without `--policy`.
+#[derive(Debug, Serialize, Clone)]
+pub struct PolicyRow {
+    pub phase: u32,
+    pub iops_policy: f64,
+    pub iops_plain: f64,
+    pub mem_used_policy: u64,
+    pub mem_used_plain: u64,
+    pub rss_policy: u64,
+    pub rss_plain: u64,
+    pub bd_count_policy: u64,
+    /// The server's `policy` stat line after the phase.
+    pub policy_line: String,
+}
+
+/// Idle age of the policy run, seconds.
+const POLICY_IDLE_AGE: u32 = 2;
+
+/// The memory-policy run: a server with `--policy` and one without, both filled with the
+/// input; fio's 4 KiB random reads (iodepth 1, one job) go to one quarter of the device per
+/// phase, quarter after quarter, alternating between the servers; memory is read after each
+/// phase.
+fn policy_run(
+    input: &Path,
+    dir: &Path,
+    codec: &str,
+    size: u64,
+    secs: u64,
+) -> Result<Vec<PolicyRow>> {
+    let extra = |policy: bool| -> Vec<String> {
+        let mut v: Vec<String> = ["--recomp-algo", "zstd:9", "--backing"]
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        v.push(
+            dir.join(format!("backing-{}.img", u8::from(policy)))
+                .display()
+                .to_string(),
+        );
+        if policy {
+            v.extend([
+                "--policy".into(),
+                "--idle-age".into(),
+                POLICY_IDLE_AGE.to_string(),
+            ]);
+        }
+        v
+    };
+    let with = compfs_start(input, dir, codec, size, &extra(true))?;
+    let without = compfs_start(input, dir, codec, size, &extra(false))?;
+    let quarter = (size / 4) & !0xfff;
+    let mut rows = Vec::new();
+    for phase in 0..4u32 {
+        let target = |uri: &str| {
+            vec![
+                "--ioengine=nbd".to_string(),
+                format!("--uri={uri}"),
+                format!("--offset={}", u64::from(phase) * quarter),
+            ]
+        };
+        // Half the phase each, twice, alternating.
+        let mut ip = Vec::new();
+        let mut iq = Vec::new();
+        for _ in 0..2 {
+            ip.push(fio(
+                &target(&with.uri),
+                "randread",
+                (1, 1),
+                secs.div_ceil(2),
+                quarter,
+            )?);
+            iq.push(fio(
+                &target(&without.uri),
+                "randread",
+                (1, 1),
+                secs.div_ceil(2),
+                quarter,
+            )?);
+        }
+        let (sp, lines) = stat_of(&with.ctl)?;
+        let (sq, _) = stat_of(&without.ctl)?;
+        let policy_line = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("policy "))
+            .unwrap_or("")
+            .to_string();
+        let row = PolicyRow {
+            phase,
+            iops_policy: ip.iter().sum::<f64>() / ip.len() as f64,
+            iops_plain: iq.iter().sum::<f64>() / iq.len() as f64,
+            mem_used_policy: sp.mem_used_total,
+            mem_used_plain: sq.mem_used_total,
+            rss_policy: rss(with.pid)?,
+            rss_plain: rss(without.pid)?,
+            bd_count_policy: sp.bd_count,
+            policy_line,
+        };
+        eprintln!("  policy phase {phase}: {row:?}");
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// A started, filled compfs server for the policy run.
+struct Started {
+    _proc: Proc,
+    pid: u32,
+    uri: String,
+    ctl: PathBuf,
+}
+
+fn compfs_start(
+    input: &Path,
+    dir: &Path,
+    codec: &str,
+    size: u64,
+    extra: &[String],
+) -> Result<Started> {
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sock = dir.join(format!("compfs-policy-{n}.sock"));
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .args(["blk", "serve", "--size", &size.to_string(), "--algo", codec])
+        .args(extra)
+        .arg("--socket")
+        .arg(&sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start compfs blk serve")?;
+    let p = Proc(child);
+    let ctl = control_path(&sock);
+    wait_for(&ctl)?;
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    nbdcopy_in(input, &uri)?;
+    Ok(Started {
+        pid: p.0.id(),
+        _proc: p,
+        uri,
+        ctl,
+    })
+}
+
+/// The server's statistics and its raw stat lines.
+fn stat_of(ctl: &Path) -> Result<(Stats, Vec<String>)> {
+    let lines = control_request(ctl, "stat").map_err(|e| failed!("{e}"))?;
+    let get = |k: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap_or("")
+            .to_string()
+    };
+    let stats = Stats::parse(&get("mm_stat "), &get("io_stat "), &get("bd_stat "))
+        .ok_or_else(|| failed!("bad stat reply"))?;
+    Ok((stats, lines))
 }
 
 /// Random 4 KiB page reads and overwrites (with pages of the input) on an in-process store,
@@ -568,6 +734,35 @@ fn print_fio_ratios(rows: &[FioRow]) {
     }
 }
 
+fn print_policy(rep: &Report) {
+    if rep.policy.is_empty() {
+        return;
+    }
+    println!(
+        "\n| phase (working set) | IOPS with --policy | IOPS without | ratio | mem_used MiB with | without | RSS MiB with | without | written back | policy |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for r in &rep.policy {
+        println!(
+            "| {} (quarter {}) | {:.0} | {:.0} | {:.2}x | {} | {} | {} | {} | {} | {} |",
+            r.phase,
+            r.phase + 1,
+            r.iops_policy,
+            r.iops_plain,
+            if r.iops_plain > 0.0 {
+                r.iops_policy / r.iops_plain
+            } else {
+                0.0
+            },
+            human_mb(r.mem_used_policy),
+            human_mb(r.mem_used_plain),
+            human_mb(r.rss_policy),
+            human_mb(r.rss_plain),
+            r.bd_count_policy,
+            r.policy_line
+        );
+    }
+}
+
 fn print_scaling(rep: &Report) {
     if rep.store_scaling.is_empty() {
         return;
@@ -642,6 +837,15 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
     } else if !a.no_zram {
         eprintln!("compfs: skipping kernel zram (needs root and /dev/zram0)");
     }
+    let policy = if a.no_fio || a.policy_secs == 0 {
+        Vec::new()
+    } else {
+        eprintln!(
+            "memory policy: compfs {} with and without --policy ...",
+            a.fio_codec
+        );
+        policy_run(&input, dir, &a.fio_codec, size, a.policy_secs)?
+    };
     let store_scaling = if a.no_fio {
         Vec::new()
     } else {
@@ -654,9 +858,11 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         ratios,
         fio: fio_rows,
         store_scaling,
+        policy,
     };
     print_tables(&rep);
     print_scaling(&rep);
+    print_policy(&rep);
     if let Some(j) = &a.json {
         std::fs::write(j, serde_json::to_string_pretty(&rep)?)
             .with_context(|| format!("cannot write {}", j.display()))?;
