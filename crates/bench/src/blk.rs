@@ -41,7 +41,7 @@ pub struct Args {
     #[arg(long)]
     pub no_fio: bool,
     /// Seconds per working-set phase of the memory-policy run (0: skip it). The fio codec's
-    /// server with `--policy --idle-age 2`, zstd:9 recompression and a backing file, against
+    /// server with `--policy --idle-age SECS`, zstd:9 recompression and a backing file, against
     /// the same server without the policy, with fio's random reads moving through four
     /// quarters of the device.
     #[arg(long, default_value = "6")]
@@ -128,13 +128,12 @@ pub struct PolicyRow {
     pub policy_line: String,
 }
 
-/// Idle age of the policy run, seconds.
-const POLICY_IDLE_AGE: u32 = 2;
-
 /// The memory-policy run: a server with `--policy` and one without, both filled with the
 /// input; fio's 4 KiB random reads (iodepth 1, one job) go to one quarter of the device per
-/// phase, quarter after quarter, alternating between the servers; memory is read after each
-/// phase.
+/// phase, quarter after quarter, alternating between the servers in halves of the phase;
+/// memory is read after each phase. The idle age is the phase length: twice the time a
+/// server waits while the other runs, so the working set never looks idle, and a quarter
+/// left behind is recompressed within a phase and written back within the next.
 fn policy_run(
     input: &Path,
     dir: &Path,
@@ -156,7 +155,7 @@ fn policy_run(
             v.extend([
                 "--policy".into(),
                 "--idle-age".into(),
-                POLICY_IDLE_AGE.to_string(),
+                secs.max(2).to_string(),
             ]);
         }
         v

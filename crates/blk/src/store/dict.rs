@@ -647,7 +647,7 @@ impl PageStore {
                         obj,
                         len: n as u16,
                         codec: pack_codec(0, slot),
-                        flags: flags & !FLAG_NO_DICT,
+                        flags: flags & !(FLAG_NO_DICT | FLAG_PENDING),
                     };
                     moved += 1;
                 }

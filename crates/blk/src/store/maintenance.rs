@@ -39,39 +39,46 @@ impl PageStore {
         }
     }
 
-    /// Decodes up to `limit` pages (0: all) that `kind` selects and `keep` accepts and hands
-    /// each to `f` with its shard's table locked: the walk `recompress` uses. The lock is
-    /// taken for one page at a time, so requests for other pages of the shard are not held up
-    /// behind a whole pass (the memory policy runs this while the device is in use).
-    fn walk_selected(
+    /// Takes page `idx` of shard `s` for slow work done without the shard lock: if `kind`
+    /// selects its entry and `keep` accepts it, decodes it into `buf`, flags the entry
+    /// [`FLAG_PENDING`] and returns it. Any write, trim or move of the page replaces the entry
+    /// and so drops the flag; [`PageStore::still_pending`] checks it afterwards.
+    fn take_pending(
         &self,
+        ctx: &mut Ctx,
+        s: usize,
+        idx: usize,
         kind: PageKind,
-        limit: u64,
         keep: impl Fn(&Entry) -> bool,
-        mut f: impl FnMut(&mut Ctx, &mut Table, usize, Entry, &[u8]) -> Result<(), BlkError>,
-    ) -> Result<(), BlkError> {
-        let mut seen = 0u64;
-        with_ctx(|ctx| {
-            let mut page_buf = vec![0u8; PAGE];
-            for (s, shard) in self.shards.iter().enumerate() {
-                let len = lock(shard).len();
-                for idx in 0..len {
-                    let mut t = lock(shard);
-                    if limit != 0 && seen == limit {
-                        return Ok(());
-                    }
-                    let e = t[idx];
-                    if !Self::selected(kind, &e) || !keep(&e) {
-                        continue;
-                    }
-                    seen += 1;
-                    let page = idx as u64 * SHARDS as u64 + s as u64;
-                    self.decode(ctx, page, e, &mut page_buf)?;
-                    f(ctx, &mut t, idx, e, &page_buf)?;
-                }
+        buf: &mut [u8],
+    ) -> Result<Option<Entry>, BlkError> {
+        let mut t = lock(&self.shards[s]);
+        let e = t[idx];
+        if !Self::selected(kind, &e) || !keep(&e) {
+            return Ok(None);
+        }
+        let page = idx as u64 * SHARDS as u64 + s as u64;
+        self.decode(ctx, page, e, buf)?;
+        if let Some(f) = t.get_mut(idx).and_then(Entry::flags_mut) {
+            *f |= FLAG_PENDING;
+        }
+        Ok(Some(e))
+    }
+
+    /// Whether the entry now in the table is still the one `take_pending` returned as `was`
+    /// (same object, pending flag still set); clears the flag either way.
+    pub(super) fn still_pending(t: &mut Table, idx: usize, was: &Entry) -> bool {
+        let same_obj = match (t[idx], was) {
+            (Entry::Obj { obj: a, .. }, Entry::Obj { obj: b, .. }) => a == *b,
+            _ => false,
+        };
+        match t.get_mut(idx).and_then(Entry::flags_mut) {
+            Some(f) if *f & FLAG_PENDING != 0 => {
+                *f &= !FLAG_PENDING;
+                same_obj
             }
-            Ok(())
-        })
+            _ => false,
+        }
     }
 
     /// Re-compresses idle, huge or incompressible pages with the secondary codecs in priority
@@ -80,6 +87,10 @@ impl PageStore {
     /// nonzero) are skipped, pages already on the last codec too; at most `max_pages` pages
     /// (0: no limit) are tried. Pages no codec shrinks are flagged incompressible and not
     /// tried again until rewritten. Returns pages changed.
+    ///
+    /// The shard lock is held only to decode a page and to swap in its new copy, never while
+    /// the (slow) secondary codec runs: the memory policy does this at idle priority while the
+    /// device is in use, and a request must not wait behind a preempted low-priority thread.
     pub fn recompress(
         &self,
         kind: PageKind,
@@ -94,34 +105,67 @@ impl PageStore {
             Entry::Obj {
                 len, flags, codec, ..
             } => {
-                flags & FLAG_NO_RECOMP == 0
+                flags & (FLAG_NO_RECOMP | FLAG_PENDING) == 0
                     && (*codec == RAW || codec_index(*codec) < last)
                     && (threshold == 0 || u64::from(*len) >= threshold)
             }
             _ => false,
         };
         let mut changed = 0;
-        self.walk_selected(kind, max_pages, keep, |ctx, t, idx, e, data| {
-            let Entry::Obj {
-                len, codec, flags, ..
-            } = e
-            else {
-                return Ok(());
-            };
-            let first = if codec == RAW {
-                1
-            } else {
-                codec_index(codec) + 1
-            };
-            for ci in first..self.codecs.len() {
-                let n = ctx.comp.compress(self.codecs[ci], data, &mut ctx.buf)?;
-                if n < len as usize && n <= HUGE_THRESHOLD {
-                    let obj = match self.pool.alloc(&ctx.buf[..n]) {
+        let mut tried = 0u64;
+        with_ctx(|ctx| -> Result<(), BlkError> {
+            let mut data = vec![0u8; PAGE];
+            let mut out = Vec::with_capacity(2 * PAGE);
+            for s in 0..SHARDS {
+                let len = lock(&self.shards[s]).len();
+                for idx in 0..len {
+                    if max_pages != 0 && tried == max_pages {
+                        return Ok(());
+                    }
+                    let Some(e) = self.take_pending(ctx, s, idx, kind, keep, &mut data)? else {
+                        continue;
+                    };
+                    tried += 1;
+                    let Entry::Obj { len, codec, .. } = e else {
+                        continue;
+                    };
+                    let first = if codec == RAW {
+                        1
+                    } else {
+                        codec_index(codec) + 1
+                    };
+                    let mut found = Ok(None);
+                    for ci in first..self.codecs.len() {
+                        match ctx.comp.compress(self.codecs[ci], &data, &mut out) {
+                            Ok(n) if n < len as usize && n <= HUGE_THRESHOLD => {
+                                found = Ok(Some((ci, n)));
+                                break;
+                            }
+                            Ok(_) => {}
+                            Err(err) => {
+                                found = Err(err);
+                                break;
+                            }
+                        }
+                    }
+                    let mut t = lock(&self.shards[s]);
+                    // Cleared even when the codec failed, so the page is not stuck pending.
+                    if !Self::still_pending(&mut t, idx, &e) {
+                        continue;
+                    }
+                    let Some((ci, n)) = found? else {
+                        if let Some(f) = t.get_mut(idx).and_then(Entry::flags_mut) {
+                            *f |= FLAG_NO_RECOMP;
+                        }
+                        continue;
+                    };
+                    let obj = match self.pool.alloc(&out[..n]) {
                         Ok(o) => o,
                         // Out of memory for the new copy: leave the page as it is.
-                        Err(PoolError::Limit { .. }) => return Ok(()),
+                        Err(PoolError::Limit { .. }) => continue,
                         Err(e) => return Err(BlkError::Pool(e)),
                     };
+                    let flags = t[idx].flags().unwrap_or(0);
                     add(&self.c.pages_stored, 1);
                     add(&self.c.compr_data_size, n as u64);
                     self.free_entry(e);
@@ -132,11 +176,7 @@ impl PageStore {
                         flags,
                     };
                     changed += 1;
-                    return Ok(());
                 }
-            }
-            if let Some(f) = t.get_mut(idx).and_then(Entry::flags_mut) {
-                *f |= FLAG_NO_RECOMP;
             }
             Ok(())
         })?;
@@ -190,38 +230,36 @@ impl PageStore {
             if granted == 0 {
                 return Ok((written, true));
             }
-            let mut chosen: Vec<(u64, usize, Entry)> = Vec::with_capacity(granted as usize);
-            let mut t = lock(&self.shards[s]);
-            while chosen.len() < granted as usize {
-                let Some(idx) = idxs.next() else { break };
-                let e = t[idx];
-                if Self::selected(kind, &e) {
-                    chosen.push((idx as u64 * SHARDS as u64 + s as u64, idx, e));
-                }
-            }
-            self.return_budget(granted - chosen.len() as u64);
-            if chosen.is_empty() {
-                continue;
-            }
+            // Decoded and flagged under the lock, written without it (the file write may
+            // sleep), switched over under it again if nobody changed the page meanwhile.
+            let mut chosen: Vec<(usize, Entry)> = Vec::with_capacity(granted as usize);
             let r = with_ctx(|ctx| -> Result<(), BlkError> {
-                for (i, (page, _, e)) in chosen.iter().enumerate() {
-                    self.decode(ctx, *page, *e, &mut buf[i * PAGE..(i + 1) * PAGE])?;
+                while chosen.len() < granted as usize {
+                    let Some(idx) = idxs.next() else { break };
+                    let i = chosen.len();
+                    let dst = &mut buf[i * PAGE..(i + 1) * PAGE];
+                    let keep = |e: &Entry| e.flags().is_some_and(|f| f & FLAG_PENDING == 0);
+                    if let Some(e) = self.take_pending(ctx, s, idx, kind, keep, dst)? {
+                        chosen.push((idx, e));
+                    }
                 }
                 Ok(())
             });
-            if let Err(e) = r {
-                self.return_budget(chosen.len() as u64);
-                return Err(e);
-            }
+            self.return_budget(granted - chosen.len() as u64);
             let slots = b.alloc_slots(chosen.len());
-            if let Err(err) = b.write_slots(&slots, &buf[..chosen.len() * PAGE]) {
-                self.return_budget(chosen.len() as u64);
-                b.free_slots(&slots);
-                return Err(BlkError::BackingIo(err));
-            }
-            for ((_, idx, e), slot) in chosen.iter().zip(&slots) {
+            let r = r.and_then(|()| {
+                b.write_slots(&slots, &buf[..chosen.len() * PAGE])
+                    .map_err(BlkError::BackingIo)
+            });
+            let mut t = lock(&self.shards[s]);
+            let mut unused = Vec::new();
+            for ((idx, e), slot) in chosen.iter().zip(&slots) {
                 let idx = *idx;
-                let flags = e.flags().unwrap_or(0);
+                if !Self::still_pending(&mut t, idx, e) || r.is_err() {
+                    unused.push(*slot);
+                    continue;
+                }
+                let flags = t[idx].flags().unwrap_or(0);
                 self.free_entry(*e);
                 t[idx] = Entry::Backed {
                     slot: slot.to_ne_bytes(),
@@ -229,8 +267,12 @@ impl PageStore {
                 };
                 add(&self.c.bd_count, 1);
                 add(&self.c.bd_writes, 1);
+                written += 1;
             }
-            written += chosen.len() as u64;
+            drop(t);
+            self.return_budget(unused.len() as u64);
+            b.free_slots(&unused);
+            r?;
         }
         Ok((written, false))
     }

@@ -11,6 +11,10 @@ pub(super) const FLAG_NO_RECOMP: u8 = 2;
 /// The background dictionary pass could not improve the page: leave it until rewritten.
 pub(super) const FLAG_NO_DICT: u8 = 4;
 
+/// Recompression or writeback decoded the page and works on it without the shard lock; a
+/// write, trim or move replaces the entry and so clears this, telling it to drop its result.
+pub(super) const FLAG_PENDING: u8 = 8;
+
 /// Codec index of a raw (huge) page.
 pub(super) const RAW: u8 = u8::MAX;
 
