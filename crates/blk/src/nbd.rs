@@ -690,111 +690,172 @@ fn serve_requests<R: Read + Pending, W: Write>(
     store: &PageStore,
     session: &Session,
 ) -> Result<(), BlkError> {
-    let size = store.size();
     let mut buf: Vec<u8> = Vec::new();
     loop {
         if !whole_request_buffered(r.pending()) {
             w.flush().map_err(io_err("reply"))?;
         }
-        let mut h = [0u8; REQUEST_LEN];
-        match r.read_exact(&mut h) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(BlkError::io("request header", e)),
-        }
-        let req = Request::parse(&h).map_err(|e| proto(e.to_string()))?;
-        if req.kind == CMD_DISC {
+        let Some(incoming) = read_request(r, store, session, &mut buf)? else {
             return Ok(());
-        }
-        let len = req.len as usize;
-        if let Some(errno) = req.validate(size, session) {
-            store.count_invalid();
-            let msg = refusal_message(&req, errno);
-            if req.has_payload() {
-                if req.len > MAX_PAYLOAD {
-                    let _ = error_reply(w, session, req.cookie, errno, msg);
-                    return Err(proto(format!(
-                        "write of {} bytes exceeds the maximum",
-                        req.len
-                    )));
-                }
-                let got = io::copy(&mut r.by_ref().take(u64::from(req.len)), &mut io::sink())
-                    .map_err(io_err("write payload"))?;
-                if got != u64::from(req.len) {
-                    return Ok(());
-                }
-            }
-            error_reply(w, session, req.cookie, errno, msg).map_err(io_err("reply"))?;
-            continue;
-        }
-        let result = match req.kind {
-            CMD_READ if session.structured => {
-                structured_read(w, store, &req, &mut buf)?;
-                continue;
-            }
-            CMD_READ => {
-                // Served in chunks of at most CHUNK bytes, so a connection never holds more
-                // than one chunk whatever the request length. The reply header goes out with
-                // the first chunk; an error after that can only close the connection.
-                let first = len.min(CHUNK);
-                buf.resize(first, 0);
-                match store.read(req.offset, &mut buf[..first]) {
-                    Err(e) => Err(e),
-                    Ok(()) => {
-                        reply_header(w, 0, req.cookie).map_err(io_err("reply"))?;
-                        w.write_all(&buf[..first]).map_err(io_err("reply"))?;
-                        let mut done = first;
-                        while done < len {
-                            let n = (len - done).min(CHUNK);
-                            store.read(req.offset + done as u64, &mut buf[..n])?;
-                            w.write_all(&buf[..n]).map_err(io_err("reply"))?;
-                            done += n;
-                        }
-                        continue;
-                    }
-                }
-            }
-            CMD_WRITE => {
-                // Stored chunk by chunk as it arrives; after a failed chunk the rest of the
-                // payload is still read (to keep the stream in step) but not stored, and the
-                // first error is the reply.
-                let mut done = 0usize;
-                let mut result = Ok(());
-                while done < len {
-                    let n = (len - done).min(CHUNK);
-                    buf.resize(n, 0);
-                    r.read_exact(&mut buf[..n])
-                        .map_err(io_err("write payload"))?;
-                    if result.is_ok() {
-                        result = store.write(req.offset + done as u64, &buf[..n]);
-                    }
-                    done += n;
-                }
-                result
-            }
-            CMD_FLUSH | CMD_CACHE => Ok(()),
-            CMD_TRIM => store.trim(req.offset, u64::from(req.len)),
-            CMD_WRITE_ZEROES => store.write_zeroes(
-                req.offset,
-                u64::from(req.len),
-                req.flags & CMD_FLAG_NO_HOLE != 0,
-            ),
-            CMD_BLOCK_STATUS => {
-                block_status(w, store, &req, &mut buf).map_err(io_err("reply"))?;
-                continue;
-            }
-            // validate() lets only the kinds above through.
-            _ => Ok(()),
         };
-        match &result {
-            Ok(()) => simple_reply(w, 0, req.cookie, &[]),
-            Err(e) => {
-                tracing::debug!("request {:?} failed: {e}", req);
-                error_reply(w, session, req.cookie, e.errno(), &e.to_string())
+        answer(w, store, session, incoming, &mut buf)?;
+    }
+}
+
+/// A request as read from the stream, ready to be answered by [`answer`].
+#[derive(Debug)]
+pub enum Incoming {
+    /// Refused before reaching the store (its payload, if any, was skipped).
+    Refused { req: Request, errno: u32 },
+    /// A WRITE over [`MAX_PAYLOAD`]: its payload cannot be skipped safely, so [`answer`]
+    /// sends the error reply and ends the connection.
+    Oversized { req: Request, errno: u32 },
+    /// A WRITE of at most [`CHUNK`] bytes whose payload is in the caller's buffer.
+    Write(Request),
+    /// A longer WRITE, stored chunk by chunk as it was read, with its outcome.
+    Stored(Request, Result<(), BlkError>),
+    /// Any other command.
+    Other(Request),
+}
+
+/// Reads the next request (and a WRITE's payload) from `r`; `None` at the end of the session
+/// (NBD_CMD_DISC or EOF). A bad magic is an error that ends the connection.
+pub fn read_request<R: Read>(
+    r: &mut R,
+    store: &PageStore,
+    session: &Session,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Incoming>, BlkError> {
+    let mut h = [0u8; REQUEST_LEN];
+    match r.read_exact(&mut h) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(BlkError::io("request header", e)),
+    }
+    let req = Request::parse(&h).map_err(|e| proto(e.to_string()))?;
+    if req.kind == CMD_DISC {
+        return Ok(None);
+    }
+    let len = req.len as usize;
+    if let Some(errno) = req.validate(store.size(), session) {
+        store.count_invalid();
+        if req.has_payload() {
+            if req.len > MAX_PAYLOAD {
+                return Ok(Some(Incoming::Oversized { req, errno }));
+            }
+            let got = io::copy(&mut r.by_ref().take(u64::from(req.len)), &mut io::sink())
+                .map_err(io_err("write payload"))?;
+            if got != u64::from(req.len) {
+                return Ok(None);
             }
         }
-        .map_err(io_err("reply"))?;
+        return Ok(Some(Incoming::Refused { req, errno }));
     }
+    if req.kind != CMD_WRITE {
+        return Ok(Some(Incoming::Other(req)));
+    }
+    if len <= CHUNK {
+        buf.resize(len, 0);
+        r.read_exact(&mut buf[..len])
+            .map_err(io_err("write payload"))?;
+        return Ok(Some(Incoming::Write(req)));
+    }
+    // Stored chunk by chunk as it arrives; after a failed chunk the rest of the payload is
+    // still read (to keep the stream in step) but not stored, and the first error is the
+    // reply.
+    let mut done = 0usize;
+    let mut result = Ok(());
+    while done < len {
+        let n = (len - done).min(CHUNK);
+        buf.resize(n, 0);
+        r.read_exact(&mut buf[..n])
+            .map_err(io_err("write payload"))?;
+        if result.is_ok() {
+            result = store.write(req.offset + done as u64, &buf[..n]);
+        }
+        done += n;
+    }
+    Ok(Some(Incoming::Stored(req, result)))
+}
+
+/// Answers a request read by [`read_request`] (a WRITE's payload in `buf`), writing the reply
+/// to `w` without flushing it.
+pub fn answer<W: Write>(
+    w: &mut W,
+    store: &PageStore,
+    session: &Session,
+    incoming: Incoming,
+    buf: &mut Vec<u8>,
+) -> Result<(), BlkError> {
+    let (req, result) = match incoming {
+        Incoming::Refused { req, errno } => {
+            return error_reply(w, session, req.cookie, errno, refusal_message(&req, errno))
+                .map_err(io_err("reply"));
+        }
+        Incoming::Oversized { req, errno } => {
+            // Best effort: the connection ends whatever happens to the reply.
+            let _ = error_reply(w, session, req.cookie, errno, refusal_message(&req, errno));
+            return Err(proto(format!(
+                "write of {} bytes exceeds the maximum",
+                req.len
+            )));
+        }
+        Incoming::Write(req) => {
+            let r = store.write(req.offset, &buf[..req.len as usize]);
+            (req, r)
+        }
+        Incoming::Stored(req, r) => (req, r),
+        Incoming::Other(req) => {
+            let len = req.len as usize;
+            let r = match req.kind {
+                CMD_READ if session.structured => return structured_read(w, store, &req, buf),
+                CMD_READ => {
+                    // Served in chunks of at most CHUNK bytes, so a connection never holds
+                    // more than one chunk whatever the request length. The reply header goes
+                    // out with the first chunk; an error after that can only close the
+                    // connection.
+                    let first = len.min(CHUNK);
+                    buf.resize(first, 0);
+                    match store.read(req.offset, &mut buf[..first]) {
+                        Err(e) => Err(e),
+                        Ok(()) => {
+                            reply_header(w, 0, req.cookie).map_err(io_err("reply"))?;
+                            w.write_all(&buf[..first]).map_err(io_err("reply"))?;
+                            let mut done = first;
+                            while done < len {
+                                let n = (len - done).min(CHUNK);
+                                store.read(req.offset + done as u64, &mut buf[..n])?;
+                                w.write_all(&buf[..n]).map_err(io_err("reply"))?;
+                                done += n;
+                            }
+                            return Ok(());
+                        }
+                    }
+                }
+                CMD_FLUSH | CMD_CACHE => Ok(()),
+                CMD_TRIM => store.trim(req.offset, u64::from(req.len)),
+                CMD_WRITE_ZEROES => store.write_zeroes(
+                    req.offset,
+                    u64::from(req.len),
+                    req.flags & CMD_FLAG_NO_HOLE != 0,
+                ),
+                CMD_BLOCK_STATUS => {
+                    return block_status(w, store, &req, buf).map_err(io_err("reply"));
+                }
+                // validate() lets only the kinds above through.
+                _ => Ok(()),
+            };
+            (req, r)
+        }
+    };
+    match &result {
+        Ok(()) => simple_reply(w, 0, req.cookie, &[]),
+        Err(e) => {
+            tracing::debug!("request {:?} failed: {e}", req);
+            error_reply(w, session, req.cookie, e.errno(), &e.to_string())
+        }
+    }
+    .map_err(io_err("reply"))
 }
 
 /// A READ answered with structured replies: one NBD_REPLY_TYPE_OFFSET_DATA chunk per piece of
