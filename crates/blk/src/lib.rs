@@ -9,6 +9,7 @@
 //! - [`extents`]: block status descriptors from page states.
 //! - [`server`]: listeners, one thread per connection, and the control channel.
 
+pub mod conn;
 pub mod error;
 pub mod extents;
 pub mod meta;

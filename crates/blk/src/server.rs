@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn;
 use crate::error::BlkError;
 use crate::nbd::{self, Export, Handshake};
 use crate::store::{PageKind, PageStore, PolicyConfig};
@@ -53,9 +54,11 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, BlkError> {
 }
 
 /// A stream the server can serve NBD on.
-pub trait Conn: Read + Write + Send + Sized + 'static {
+pub trait Conn: Read + Write + Send + Sync + Sized + 'static {
     fn try_clone_conn(&self) -> std::io::Result<Self>;
     fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+    /// Ends reading: a thread blocked in a read returns end of stream.
+    fn shutdown_read(&self);
 }
 
 impl Conn for UnixStream {
@@ -64,6 +67,9 @@ impl Conn for UnixStream {
     }
     fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         self.set_read_timeout(t)
+    }
+    fn shutdown_read(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
     }
 }
 
@@ -74,9 +80,13 @@ impl Conn for TcpStream {
     fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         self.set_read_timeout(t)
     }
+    fn shutdown_read(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Read);
+    }
 }
 
-/// Serves one NBD connection to its end.
+/// Serves one NBD connection to its end (requests in flight are answered by up to
+/// 1 + [`conn::HELPERS`] threads, see [`crate::conn`]).
 pub fn serve_connection<S: Conn>(
     stream: S,
     store: &PageStore,
@@ -88,6 +98,9 @@ pub fn serve_connection<S: Conn>(
     let reader = stream
         .try_clone_conn()
         .map_err(|e| BlkError::io("socket clone", e))?;
+    let control = stream
+        .try_clone_conn()
+        .map_err(|e| BlkError::io("socket clone", e))?;
     let mut r = BufReader::with_capacity(64 * 1024, reader);
     let mut w = BufWriter::with_capacity(64 * 1024, stream);
     let session = match nbd::handshake(&mut r, &mut w, export)? {
@@ -97,7 +110,7 @@ pub fn serve_connection<S: Conn>(
     r.get_ref()
         .set_timeout(None)
         .map_err(|e| BlkError::io("socket timeout", e))?;
-    nbd::transmission(&mut r, &mut w, store, &session)
+    conn::transmission_parallel(r, w, store, &session, || control.shutdown_read())
 }
 
 fn spawn_connection<S: Conn>(

@@ -973,12 +973,17 @@ fn whole_request_buffered_needs_header_and_payload() {
     assert!(whole_request_buffered(&[0u8; REQUEST_LEN]));
 }
 
-/// 64 requests sent at once (as a client at iodepth 32 or more does) all get their replies, in
-/// order, and a lone request after them is answered too (no reply waits in the buffer).
+/// 32 writes, then 32 reads, each burst sent at once (as a client at iodepth 32 does), all get
+/// their replies (in any order: several threads may answer, and NBD matches replies by
+/// cookie), and a lone request after them is answered too (no reply waits in the buffer).
 #[test]
 fn pipelined_requests_all_answered() {
     let s = store();
     let (mut c, h) = go(&s);
+    let send = |c: &UnixStream, burst: Vec<u8>| {
+        let mut w = c.try_clone().unwrap();
+        std::thread::spawn(move || w.write_all(&burst).unwrap())
+    };
     let mut burst = Vec::new();
     for i in 0..32u64 {
         let r = Request {
@@ -991,6 +996,18 @@ fn pipelined_requests_all_answered() {
         burst.extend_from_slice(&r.encode());
         burst.extend_from_slice(&vec![i as u8 + 1; PAGE]);
     }
+    let sender = send(&c, burst);
+    let mut cookies: Vec<u64> = (0..32)
+        .map(|_| reply(&mut c))
+        .map(|(e, k)| {
+            assert_eq!(e, 0);
+            k
+        })
+        .collect();
+    cookies.sort_unstable();
+    assert_eq!(cookies, (0..32).collect::<Vec<u64>>());
+    sender.join().unwrap();
+    let mut burst = Vec::new();
     for i in 0..32u64 {
         let r = Request {
             flags: 0,
@@ -1001,15 +1018,16 @@ fn pipelined_requests_all_answered() {
         };
         burst.extend_from_slice(&r.encode());
     }
-    let mut w = c.try_clone().unwrap();
-    let sender = std::thread::spawn(move || w.write_all(&burst).unwrap());
-    for i in 0..32u64 {
-        assert_eq!(reply(&mut c), (0, i));
+    let sender = send(&c, burst);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..32 {
+        let (e, k) = reply(&mut c);
+        assert_eq!(e, 0);
+        let i = k - 100;
+        assert_eq!(read_n(&mut c, PAGE), vec![i as u8 + 1; PAGE], "cookie {k}");
+        assert!(seen.insert(k), "cookie {k} twice");
     }
-    for i in 0..32u64 {
-        assert_eq!(reply(&mut c), (0, 100 + i));
-        assert_eq!(read_n(&mut c, PAGE), vec![i as u8 + 1; PAGE]);
-    }
+    assert_eq!(seen.len(), 32);
     sender.join().unwrap();
     request(&mut c, CMD_READ, 0, 0, PAGE as u32, 999);
     assert_eq!(reply(&mut c), (0, 999));
