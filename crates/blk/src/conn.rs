@@ -22,8 +22,11 @@ use crate::error::BlkError;
 use crate::nbd::{answer, read_request, whole_request_buffered, Incoming, Pending, Session};
 use crate::store::PageStore;
 
-/// Helper threads per connection (besides the primary).
-pub const HELPERS: usize = 2;
+/// Helper threads per connection (besides the primary) unless set otherwise.
+pub const DEFAULT_HELPERS: usize = 2;
+
+/// Helper threads per connection (`compfs blk serve --conn-threads N` sets N - 1).
+pub static HELPERS: AtomicUsize = AtomicUsize::new(DEFAULT_HELPERS);
 
 struct Shared<R, W> {
     reader: Mutex<R>,
@@ -120,7 +123,7 @@ where
         error: Mutex::new(None),
     };
     let result = std::thread::scope(|sc| {
-        for _ in 0..HELPERS {
+        for _ in 0..HELPERS.load(Ordering::Relaxed) {
             let sh = &sh;
             let shutdown = &shutdown;
             let spawned = std::thread::Builder::new()

@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Pages per writeback batch (zram's writeback_batch_size).
     #[arg(long, default_value = "32")]
     writeback_batch_size: usize,
+    /// Threads answering one connection's requests when the client keeps several in flight
+    /// (1: strictly one request at a time).
+    #[arg(long, default_value = "3", value_parser = clap::value_parser!(u16).range(1..=16))]
+    conn_threads: u16,
 }
 
 #[derive(Args, Debug)]
@@ -418,6 +422,10 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         }
         store = store.with_policy(p);
     }
+    compfs_blk::conn::HELPERS.store(
+        usize::from(a.conn_threads) - 1,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let store = Arc::new(store);
     if a.dict.is_some() {
         server::spawn_dict_worker(store.clone()).map_err(|e| anyhow!("{e}"))?;
