@@ -216,3 +216,47 @@ fn policy_moves_cold_pages_out_and_keeps_the_working_set() {
     }
     assert_eq!(s.stats().bd_reads, bd_reads + 40);
 }
+
+/// With the policy on, a page read again after it was recompressed or written back is stored
+/// with the primary codec again, and its backing slot freed.
+#[test]
+fn pages_in_use_again_return_to_the_primary_codec() {
+    let backing = std::env::temp_dir().join(format!(
+        "compfs-blk-policy-promote-{}.img",
+        std::process::id()
+    ));
+    let s = PageStore::new(Config {
+        size: 16 * PAGE as u64,
+        algo: spec("lz4"),
+        recomp: vec![spec("zstd:9")],
+        mem_limit: 0,
+    })
+    .unwrap()
+    .with_backing(&backing)
+    .unwrap()
+    .with_policy(PolicyConfig { idle_age: 1 });
+    for p in 0..8u64 {
+        s.write(p * PAGE as u64, &text(p)).unwrap();
+    }
+    let primary = s.stats().compr_data_size;
+    s.mark_idle(None);
+    assert_eq!(s.recompress(PageKind::Idle, 0, 0).unwrap(), 8);
+    s.mark_idle(None);
+    assert_eq!(s.writeback(PageKind::Idle, 4).unwrap(), 4);
+    for p in 0..8u64 {
+        assert_eq!(read(&s, p), text(p));
+    }
+    let st = s.stats();
+    assert_eq!(
+        (st.bd_count, st.bd_reads),
+        (0, 4),
+        "written-back pages came back"
+    );
+    assert_eq!(st.compr_data_size, primary, "all on lz4 again");
+    assert_eq!(s.policy_status().promoted, 8);
+    // A second read decodes from memory with the primary codec and changes nothing.
+    read(&s, 0);
+    assert_eq!(s.policy_status().promoted, 8);
+    drop(s);
+    let _ = std::fs::remove_file(&backing);
+}

@@ -466,7 +466,17 @@ impl PageStore {
         }
         let e = *e;
         t.touch(idx, self.now());
-        self.decode(ctx, page, e, dst)
+        self.decode(ctx, page, e, dst)?;
+        if self.policy_cfg.is_some() && policy::demoted(&e) {
+            // The policy moved this page out of the fast path (secondary codec or backing
+            // file) but it is in use again: store it with the primary codec.
+            if let Ok(new) = self.encode(ctx, dst, 0) {
+                t[idx] = new;
+                self.free_entry(e);
+                self.policy.count_promoted();
+            }
+        }
+        Ok(())
     }
 
     fn decode(&self, ctx: &mut Ctx, page: u64, e: Entry, dst: &mut [u8]) -> Result<(), BlkError> {

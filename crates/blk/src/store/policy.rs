@@ -11,7 +11,11 @@
 //! 4. compacts the pool.
 //!
 //! A reader or writer of a page clears its idle mark, so the working set stays compressed in
-//! memory with the primary codec; a step takes each shard lock for one page at a time.
+//! memory with the primary codec. When the working set moves onto pages the policy has
+//! recompressed or written back, the first read of each stores it again with the primary
+//! codec (`promoted`), so a page in use costs what it cost before the policy touched it.
+//! Recompression and writeback hold a shard lock for one page (or one batch) at a time and
+//! never while a codec or the file write runs.
 
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +98,7 @@ impl PolicyConfig {
 
 #[derive(Debug, Default)]
 pub(super) struct PolicyCounters {
+    promoted: AtomicU64,
     steps: AtomicU64,
     idle: AtomicU64,
     recompressed: AtomicU64,
@@ -113,14 +118,32 @@ pub struct PolicyStatus {
     pub written: u64,
     /// Pool pages freed by compaction, in all.
     pub compacted: u64,
+    /// Pages read again after the policy recompressed or wrote them back, stored again with
+    /// the primary codec, in all.
+    pub promoted: u64,
+}
+
+impl PolicyCounters {
+    pub(super) fn count_promoted(&self) {
+        self.promoted.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a page is stored off the fast path: with a secondary codec or in the backing file.
+pub(super) fn demoted(e: &Entry) -> bool {
+    match e {
+        Entry::Obj { codec, .. } => *codec != RAW && codec_index(*codec) != 0,
+        Entry::Backed { .. } => true,
+        _ => false,
+    }
 }
 
 impl PolicyStatus {
     /// The `policy` line of `stat`.
     pub fn line(&self) -> String {
         format!(
-            "steps {} idle {} recompressed {} written {} compacted {}",
-            self.steps, self.idle, self.recompressed, self.written, self.compacted
+            "steps {} idle {} recompressed {} written {} compacted {} promoted {}",
+            self.steps, self.idle, self.recompressed, self.written, self.compacted, self.promoted
         )
     }
 
@@ -137,6 +160,7 @@ impl PolicyStatus {
             recompressed: get("recompressed")?,
             written: get("written")?,
             compacted: get("compacted")?,
+            promoted: get("promoted").unwrap_or(0),
         })
     }
 }
@@ -227,6 +251,7 @@ impl PageStore {
             recompressed: c.recompressed.load(Ordering::Relaxed),
             written: c.written.load(Ordering::Relaxed),
             compacted: c.compacted.load(Ordering::Relaxed),
+            promoted: c.promoted.load(Ordering::Relaxed),
         }
     }
 

@@ -307,8 +307,8 @@ pub fn format_stat(lines: &[String]) -> Result<String> {
         let age = p.split_whitespace().nth(1).unwrap_or("?");
         if let Some(st) = PolicyStatus::parse(p) {
             out.push_str(&format!(
-                "policy    idle after {age} s: {} steps, {} pages idle now; {} recompressed, {} written back, {} pool pages compacted\n",
-                st.steps, st.idle, st.recompressed, st.written, st.compacted
+                "policy    idle after {age} s: {} steps, {} pages idle now; {} recompressed, {} written back, {} pool pages compacted, {} in use again and back on the primary codec\n",
+                st.steps, st.idle, st.recompressed, st.written, st.compacted, st.promoted
             ));
         }
     }
