@@ -795,3 +795,87 @@ fn dict_auto_and_file_over_nbdcopy() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The newer controls over the control socket and `--policy` with real clients: data copied in
+/// with nbdcopy is recompressed and written back by the policy once idle, within the budget,
+/// and copies back byte-identical (pages read again return to the primary codec).
+#[test]
+fn policy_and_newer_controls_over_nbdcopy() {
+    if !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("policy");
+    let backing = dir.join("backing.img");
+    let s = Server::start(
+        "policy",
+        &[
+            "--size",
+            "4M",
+            "--algo",
+            "lz4",
+            "--recomp-algo",
+            "zstd:9",
+            "--backing",
+            backing.to_str().unwrap(),
+            "--policy",
+            "--idle-age",
+            "1",
+            "--writeback-limit",
+            "256K",
+            "--writeback-period",
+            "0",
+        ],
+    );
+    let src = s.dir.join("src.bin");
+    let mut data = text_bytes(512 * PAGE, 21);
+    data.extend(random_bytes(64 * PAGE, 22));
+    std::fs::write(&src, &data).unwrap();
+    run(Command::new("nbdcopy").args([src.to_str().unwrap(), &s.uri()]));
+    // Idle after 1 s, written back after 2 s; a step every second.
+    let start = Instant::now();
+    let policy = loop {
+        let o = s.blk(&["stat"]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("policy "))
+            .expect("policy line")
+            .to_string();
+        if line.contains("written back") && !line.contains(" 0 written back") {
+            break line;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "policy did nothing: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(!policy.contains(" 0 recompressed"), "{policy}");
+    // The budget (256 KiB = 64 pages, no refill) bounds the writeback.
+    let (_, _, bd) = s.stat();
+    assert_eq!(bd[0], 64, "{policy}");
+    let o = s.blk(&["stat"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("writeback budget 256K per 0 s, 0B left"));
+    // Byte-identical back; the pages read come back from the file to memory.
+    let out = s.dir.join("out.bin");
+    run(Command::new("nbdcopy").args([&s.uri(), out.to_str().unwrap()]));
+    assert_eq!(&std::fs::read(&out).unwrap()[..data.len()], &data[..]);
+    let (_, _, bd) = s.stat();
+    assert_eq!(bd[0], 0, "read pages promoted back");
+    // The newer controls.
+    let o = s.blk(&["mark-idle", "--age", "100000"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "marked 0");
+    let o = s.blk(&["writeback-limit", "1M", "--period", "60"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("writeback_limit 1048576 60 1048576 32"));
+    let o = s.blk(&["writeback-batch-size", "0"]);
+    assert!(!o.status.success());
+    let o = s.blk(&["writeback-batch-size", "8"]);
+    assert!(String::from_utf8_lossy(&o.stdout).trim().ends_with(" 8"));
+    let o = s.blk(&["writeback", "--type", "incompressible", "--max-pages", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = s.blk(&["recompress", "--type", "huge", "--max-pages", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
