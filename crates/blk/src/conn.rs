@@ -191,9 +191,10 @@ fn helper<R: Read + Pending, W: Write>(
         if !sh.more.load(Ordering::SeqCst) {
             let g = lock(&sh.wake_lock);
             if !sh.more.load(Ordering::SeqCst) && !sh.done.load(Ordering::SeqCst) {
-                // The timeout only bounds a missed wake-up; the primary serves everything
-                // meanwhile.
-                let _ = sh.wake.wait_timeout(g, Duration::from_millis(100));
+                // `more` and `done` are set before the wake-up is sent under this lock, so
+                // none is missed; the timeout is only a safety net (the primary serves
+                // everything meanwhile).
+                let _ = sh.wake.wait_timeout(g, Duration::from_secs(1));
             }
             continue;
         }
