@@ -140,8 +140,12 @@ impl Store {
             if st.dirty.is_some() {
                 inner.flush_locked(ino, st, false)?;
             }
-            let (data, _) = inner.committed_regions(ino)?;
+            let (data, size) = inner.committed_regions(ino)?;
             inner.reserve_range(ino, &data, start, stop)?;
+            if keep_size || end <= size {
+                // The size and the times stay as they are (as on ext4).
+                return Ok(());
+            }
             let d = inner.ensure_dirty(ino, st)?;
             if !keep_size && end > d.size {
                 d.size = end;
