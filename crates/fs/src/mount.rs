@@ -93,7 +93,14 @@ pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
             MountOption::RW
         },
     ];
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
     for f in &o.flags {
+        if *f == KernelFlag::LazyTime && !root {
+            // A user mount goes through fusermount3, which (3.14) refuses options it does not
+            // know, lazytime among them: left out (the daemon does the same either way).
+            continue;
+        }
         opts.push(match f {
             KernelFlag::Dev => MountOption::Dev,
             KernelFlag::NoDev => MountOption::NoDev,
