@@ -219,6 +219,10 @@ impl Held {
                 let e = std::io::Error::last_os_error();
                 // Give back whatever part the host did allocate.
                 let _ = f.set_len(have);
+                // A range the host cannot even hold in one file does not fit either.
+                if e.raw_os_error() == Some(libc::EFBIG) {
+                    return Err(Error::NoSpace);
+                }
                 return Err(Error::from_io(e));
             }
         } else if want < have {
