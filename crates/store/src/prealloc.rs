@@ -150,6 +150,8 @@ pub(crate) struct Held {
     held: u64,
     /// Bytes of [`POOL`] it holds too (its length is `host_bytes(held) + pool`).
     pool: u64,
+    /// Reserved bytes held for transactions not yet committed (not given back meanwhile).
+    pending: u64,
 }
 
 /// The reservations of a store: the committed total and the host space held for it.
@@ -170,6 +172,7 @@ impl Reserve {
                 file: None,
                 held: 0,
                 pool: 0,
+                pending: 0,
             }),
         };
         if read_only {
@@ -210,6 +213,12 @@ impl Held {
         let want = host_bytes(n).saturating_add(pool);
         let have = f.metadata()?.len();
         if want > have {
+            // Checked first: a host fallocate that does not fit may keep what it got before
+            // failing (ext4 does) until it is given back, and other writers, this store's
+            // included, would find the disk full meanwhile.
+            if want - have > host_free(f)? {
+                return Err(Error::NoSpace);
+            }
             let big = || Error::InvalidArgument("reservation too large".into());
             let len = i64::try_from(want - have).map_err(|_| big())?;
             let at = i64::try_from(have).map_err(|_| big())?;
@@ -234,6 +243,17 @@ impl Held {
     }
 }
 
+/// Bytes the filesystem holding `f` has available to unprivileged users (`f_bavail`).
+fn host_free(f: &File) -> Result<u64> {
+    // SAFETY: statvfs is plain data filled by the call; the descriptor is ours.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(f), &mut s) };
+    if r != 0 {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
 impl Inner {
     /// Holds `n` more reserved bytes on the host (and the [`POOL`]; ENOSPC when they do not
     /// fit), before the transaction that records them. A failed commit gives them back in
@@ -241,7 +261,19 @@ impl Inner {
     pub(crate) fn reserve_grow(&self, n: u64) -> Result<()> {
         let mut g = lock(&self.reserve.state);
         let to = g.held.saturating_add(n);
-        g.set(to, POOL)
+        g.set(to, POOL)?;
+        g.pending = g.pending.saturating_add(n);
+        Ok(())
+    }
+
+    /// After the transaction of a [`Inner::reserve_grow`] of `n` bytes committed or failed:
+    /// they are no longer held for it (the committed total has them, or nobody does).
+    fn reserve_done(&self, n: u64) {
+        {
+            let mut g = lock(&self.reserve.state);
+            g.pending = g.pending.saturating_sub(n);
+        }
+        self.shrink_to_table();
     }
 
     /// After a commit that changed the reserved total by `delta`: records it, lets the
@@ -262,8 +294,9 @@ impl Inner {
     pub(crate) fn shrink_to_table(&self) {
         let mut g = lock(&self.reserve.state);
         let table = self.reserve.table.load(Ordering::SeqCst);
-        let n = g.held.min(table);
-        let pool = if table > 0 { POOL } else { 0 };
+        // Reservations grown for transactions not yet committed stay held.
+        let n = g.held.min(table.saturating_add(g.pending));
+        let pool = if table > 0 || g.pending > 0 { POOL } else { 0 };
         if (n, pool) == (g.held, g.pool) {
             return;
         }
@@ -350,10 +383,8 @@ impl Inner {
             }
             Ok(())
         });
-        if r.is_err() {
-            // The host space taken for a commit that did not happen.
-            self.shrink_to_table();
-        }
+        // Committed: the table holds them now. Failed: the host space goes back.
+        self.reserve_done(n);
         r.map(|()| n)
     }
 

@@ -283,3 +283,47 @@ fn fsck_finds_and_repairs_bad_reservations() {
     );
     s.close().unwrap();
 }
+
+#[test]
+fn concurrent_reservations_stay_in_step_with_the_reserve_file() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("s");
+    let s = std::sync::Arc::new(create(&p, 65536, tuning()));
+    let mut hs = Vec::new();
+    for k in 0..4u64 {
+        let s = s.clone();
+        hs.push(std::thread::spawn(move || {
+            let name = format!("f{k}");
+            let f = s
+                .mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+                .unwrap()
+                .ino;
+            for round in 0..20u64 {
+                let off = round * (256 << 10);
+                s.allocate(f, off, 256 << 10, round % 2 == 0).unwrap();
+                s.write(f, off + 4096, &pattern(100 << 10, k * 100 + round))
+                    .unwrap();
+                if round % 3 == 0 {
+                    s.fsync(f, false).unwrap();
+                    s.punch_hole(f, off, 64 << 10).unwrap();
+                }
+            }
+            if k == 0 {
+                s.unlink(ROOT_INO, name.as_bytes()).unwrap();
+            }
+        }));
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    s.sync().unwrap();
+    let mut total = 0;
+    for k in 1..4u64 {
+        let a = s.lookup(ROOT_INO, format!("f{k}").as_bytes()).unwrap();
+        total += s.reserved_bytes(a.ino).unwrap();
+    }
+    assert!(total > 0);
+    assert_eq!(reserve_file_bytes(&p), host_bytes(total));
+    std::sync::Arc::try_unwrap(s).ok().unwrap().close().unwrap();
+    clean(&p);
+}
