@@ -4,7 +4,8 @@
 //! return value or errno (and what `fstat` on a descriptor says), and after every step the
 //! `lstat` of every path the case names: type and mode, uid, gid, nlink, size (not for
 //! directories, whose size is a layout detail on every filesystem) and which of
-//! atime/mtime/ctime changed.
+//! atime/mtime/ctime changed. `st_blocks` is compared where a case asks for it (the prealloc
+//! case: preallocated ranges, never written data, which compfs stores compressed).
 //!
 //! Each step runs in a forked child that sets its groups, gid and uid (no sudo) and runs its
 //! calls with descriptors that live for the step; results come back through a pipe. A
