@@ -264,6 +264,58 @@ fn private_mount_without_allow_other() {
     );
 }
 
+/// fallocate reserves space on a mount (issue 13): the range counts in st_blocks, the free
+/// space statfs reports shrinks by it, a compressible write into it leaves fewer blocks, and
+/// an unlink gives the space back.
+#[test]
+fn fallocate_reserves_space() {
+    require_fuse!();
+    let (_t, m) = setup("prealloc", "compress=zstd:1");
+    let p = m.path("r");
+    let free = || {
+        let c = cstr(p.parent().unwrap());
+        // SAFETY: zeroed statvfs is valid output storage; valid path.
+        let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
+        (sv.f_bavail * sv.f_frsize) as i64
+    };
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    let fd = f.as_raw_fd();
+    let gib: i64 = 1 << 30;
+    let before = free();
+    // SAFETY: valid fd.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0, gib) }, 0);
+    let after = free();
+    // Other processes share the disk: a margin of 256 MiB for what they write meanwhile.
+    assert!(
+        before - after > gib - (256 << 20),
+        "free space {before} -> {after} after reserving 1 GiB"
+    );
+    assert_eq!(f.metadata().unwrap().blocks(), (gib / 512) as u64);
+    // 64 MiB of text written into the range: compressed, fewer blocks than reserved.
+    let data = text_bytes(64 << 20, 5);
+    f.write_all_at(&data, 0).unwrap();
+    f.sync_all().unwrap();
+    let blocks = f.metadata().unwrap().blocks();
+    assert!(
+        blocks < ((gib - (32 << 20)) / 512) as u64,
+        "{blocks} blocks after a compressible write into the reservation"
+    );
+    drop(f);
+    fs::remove_file(&p).unwrap();
+    let end = free();
+    assert!(
+        end - after > gib - (256 << 20),
+        "free space {after} -> {end} after the unlink"
+    );
+}
+
 #[test]
 fn data_operations() {
     require_fuse!();

@@ -93,7 +93,14 @@ pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
             MountOption::RW
         },
     ];
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
     for f in &o.flags {
+        if *f == KernelFlag::LazyTime && !root {
+            // A user mount goes through fusermount3, which (3.14) refuses options it does not
+            // know, lazytime among them: left out (the daemon does the same either way).
+            continue;
+        }
         opts.push(match f {
             KernelFlag::Dev => MountOption::Dev,
             KernelFlag::NoDev => MountOption::NoDev,
@@ -105,6 +112,9 @@ pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
             KernelFlag::NoAtime => MountOption::NoAtime,
             KernelFlag::DirSync => MountOption::DirSync,
             KernelFlag::Sync => MountOption::Sync,
+            // A generic superblock flag in the mount data: the kernel's option parser
+            // (vfs_parse_sb_flag) takes it for every filesystem, FUSE included.
+            KernelFlag::LazyTime => MountOption::CUSTOM("lazytime".to_string()),
         });
     }
     let mut cfg = Config::default();
@@ -376,6 +386,8 @@ pub fn remount_flags(current: u64, opts: &[&str]) -> libc::c_ulong {
             "nodiratime" => (libc::MS_NODIRATIME, 0),
             "diratime" => (0, libc::MS_NODIRATIME),
             "relatime" => (libc::MS_RELATIME, libc::MS_STRICTATIME),
+            "lazytime" => (libc::MS_LAZYTIME, 0),
+            "nolazytime" => (0, libc::MS_LAZYTIME),
             "strictatime" => (libc::MS_STRICTATIME, libc::MS_RELATIME),
             // Everything else mount(8) passes along again (the FUSE options of the
             // superblock, user_id=, allow_other, and the options it recorded at mount time,
@@ -415,7 +427,17 @@ pub fn remount(mountpoint: &Path, lists: &[String]) -> Result<(), MountError> {
     if unsafe { libc::statvfs(path.as_ptr(), &mut sv) } != 0 {
         return Err(fail(format!("statvfs: {}", io::Error::last_os_error())));
     }
-    let flags = remount_flags(sv.f_flag, &opts);
+    let mut flags = remount_flags(sv.f_flag, &opts);
+    // statvfs does not report lazytime, and a remount clears what it does not set: keep it
+    // (as ext4 does) unless `nolazytime` is given. (mount(8) 2.38 passes neither `lazytime`
+    // nor `nolazytime` to a helper: those come from other callers.)
+    let lazy = std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|info| compfs_mount_super_has(&info, mountpoint, "lazytime"));
+    if opts.contains(&"nolazytime") {
+        flags &= !libc::MS_LAZYTIME;
+    } else if lazy || opts.contains(&"lazytime") {
+        flags |= libc::MS_LAZYTIME;
+    }
     if flags & libc::MS_RDONLY != 0 {
         // Everything written so far becomes durable before the mount turns read-only.
         let root = std::fs::File::open(mountpoint).map_err(|e| fail(format!("open: {e}")))?;
@@ -477,6 +499,26 @@ fn compfs_mount_field<T>(
             None
         }
     })
+}
+
+/// Whether the superblock options of the compfs mount at `path` in `mountinfo` text name
+/// `opt` (e.g. `lazytime`).
+fn compfs_mount_super_has(info: &str, path: &Path, opt: &str) -> bool {
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
+    let want = canon.as_os_str().as_encoded_bytes();
+    info.lines()
+        .rev()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mp = unescape_mountinfo(left.split(' ').nth(4)?);
+            let mut r = right.split(' ');
+            let fstype = r.next()?;
+            let sb_opts = r.nth(1)?;
+            (fstype == "fuse.compfs" && mp == want).then(|| sb_opts.split(',').any(|o| o == opt))
+        })
+        .unwrap_or(false)
 }
 
 /// Is `path` currently a compfs FUSE mount point? Reads /proc/self/mountinfo.

@@ -75,6 +75,8 @@ pub enum KernelFlag {
     NoAtime,
     DirSync,
     Sync,
+    /// `lazytime` (SB_LAZYTIME): the kernel may keep time updates in memory.
+    LazyTime,
 }
 
 impl Default for MountOptions {
@@ -108,8 +110,6 @@ const IGNORED: &[&str] = &[
     "group",
     "_netdev",
     "nofail",
-    "lazytime",
-    "nolazytime",
     "default_permissions",
     "async",
     "loop",
@@ -248,6 +248,13 @@ impl MountOptions {
             ("noacl", None) => self.acl = false,
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
+            // As ext4: the kernel gets SB_LAZYTIME (see docs/kernel-features.md).
+            ("lazytime", None) => {
+                if !self.flags.contains(&KernelFlag::LazyTime) {
+                    self.flags.push(KernelFlag::LazyTime);
+                }
+            }
+            ("nolazytime", None) => self.flags.retain(|f| *f != KernelFlag::LazyTime),
             (k, _) if IGNORED.contains(&k) => {}
             (k, _) if k.starts_with("x-") || k == "comment" => {}
             (k, _) if BTRFS_ONLY.contains(&k) => {
@@ -479,6 +486,17 @@ mod tests {
             parse("compress=no").unwrap().describe(),
             "compress=no,rw,cache=65536K"
         );
+    }
+
+    #[test]
+    fn lazytime_is_a_kernel_flag() {
+        let has = |s: &str| parse(s).unwrap().flags.contains(&KernelFlag::LazyTime);
+        assert!(!has(""));
+        assert!(has("lazytime"));
+        assert!(!has("lazytime,nolazytime"));
+        assert!(has("nolazytime,lazytime"));
+        let o = parse("lazytime,lazytime").unwrap();
+        assert_eq!(o.flags, vec![KernelFlag::LazyTime]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use redb::ReadableDatabase;
 use crate::error::{Error, Result};
 use crate::file::{kind_error, FileState, Partial};
 use crate::meta::{self, dec};
+use crate::prealloc;
 use crate::read::inode_in;
 use crate::records::MapRec;
 use crate::span::{self, PunchSpan};
@@ -108,12 +109,25 @@ impl Store {
                 lock(&inner.patches).clear_mtime(ino);
                 d.ctime = now;
             }
-            inner.flush_locked(ino, st, false)
+            let size = d.size;
+            inner.flush_locked(ino, st, false)?;
+            // Reservations of whole pages inside the hole go, as ext4 frees the blocks; like
+            // ext4, not past the page holding the end of file.
+            if offset < size {
+                let end = offset
+                    .saturating_add(len)
+                    .min(size.div_ceil(prealloc::PAGE) * prealloc::PAGE);
+                let (a, b) = prealloc::narrow(offset, end);
+                inner.unreserve(ino, a, b)?;
+            }
+            Ok(())
         })
     }
 
-    /// `fallocate` default mode: extends the size unless `keep_size`. compfs allocates space
-    /// when data is written (compressed size is unknown in advance), so no space is reserved.
+    /// `fallocate` default mode: reserves the holes of the range, widened to whole 4 KiB pages
+    /// as ext4 does, with room on the host for them uncompressed (ENOSPC when it is not there;
+    /// see `prealloc`), then extends the size unless `keep_size`. The first write into a
+    /// reserved range cannot find the disk full; what compression saves then is free again.
     pub fn allocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
@@ -121,8 +135,17 @@ impl Store {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::InvalidArgument("range beyond the maximum file size".into()))?;
-        self.check_room(ino, offset, end)?;
+        let (start, stop) = prealloc::widen(offset, end, MAX_FILE_SIZE);
         inner.with_file(ino, |st| {
+            if st.dirty.is_some() {
+                inner.flush_locked(ino, st, false)?;
+            }
+            let (data, size) = inner.committed_regions(ino)?;
+            inner.reserve_range(ino, &data, start, stop)?;
+            if keep_size || end <= size {
+                // The size and the times stay as they are (as on ext4).
+                return Ok(());
+            }
             let d = inner.ensure_dirty(ino, st)?;
             if !keep_size && end > d.size {
                 d.size = end;
@@ -134,20 +157,9 @@ impl Store {
         })
     }
 
-    /// A preallocation of `[offset, end)` fails with ENOSPC, as on a kernel filesystem, when
-    /// its holes are more bytes than the disk under the store has free. Only a check: the
-    /// space is not reserved, so a later write can still find the disk full.
-    fn check_room(&self, ino: Ino, offset: u64, end: u64) -> Result<()> {
-        let (regions, _) = self.data_regions(ino)?;
-        let need = uncovered(&regions, offset, end);
-        if need == 0 {
-            return Ok(());
-        }
-        let s = self.statfs()?;
-        if need > s.bavail.saturating_mul(u64::from(s.bsize)) {
-            return Err(Error::NoSpace);
-        }
-        Ok(())
+    /// Bytes of `ino` reserved by preallocation and not yet written.
+    pub fn reserved_bytes(&self, ino: Ino) -> Result<u64> {
+        self.inner.reserved_of(ino)
     }
 
     /// Data regions of a file after flushing it: (start, end) pairs in order, and the size.
@@ -160,23 +172,7 @@ impl Store {
             Ok(())
         })?;
         inner.maybe_forget(ino);
-        let txn = inner.db.begin_read()?;
-        let rec = inode_in(&txn, ino)?;
-        if rec.kind != FileKind::File {
-            return Err(kind_error(rec.kind));
-        }
-        let mut v: Vec<(u64, u64)> = Vec::new();
-        if let Some(i) = &rec.inline {
-            v.push((0, i.raw_len as u64));
-        }
-        let map = txn.open_table(meta::EXTMAP)?;
-        for r in map.range((ino, 0)..=(ino, u64::MAX))? {
-            let (k, m) = r?;
-            let m = dec(MapRec::decode(m.value()))?;
-            let s = k.value().1;
-            span::region_push(&mut v, s, s.saturating_add(m.len as u64));
-        }
-        Ok((v, rec.size))
+        inner.committed_regions(ino)
     }
 
     /// `SEEK_DATA`: the first data at or after `offset` ([`Error::NoData`] if none).
@@ -202,6 +198,28 @@ impl Store {
 }
 
 impl Inner {
+    /// Data regions of a file in the committed metadata: (start, end) pairs in order, and
+    /// the size.
+    pub(crate) fn committed_regions(&self, ino: Ino) -> Result<(Vec<(u64, u64)>, u64)> {
+        let txn = self.db.begin_read()?;
+        let rec = inode_in(&txn, ino)?;
+        if rec.kind != FileKind::File {
+            return Err(kind_error(rec.kind));
+        }
+        let mut v: Vec<(u64, u64)> = Vec::new();
+        if let Some(i) = &rec.inline {
+            v.push((0, i.raw_len as u64));
+        }
+        let map = txn.open_table(meta::EXTMAP)?;
+        for r in map.range((ino, 0)..=(ino, u64::MAX))? {
+            let (k, m) = r?;
+            let m = dec(MapRec::decode(m.value()))?;
+            let s = k.value().1;
+            span::region_push(&mut v, s, s.saturating_add(m.len as u64));
+        }
+        Ok((v, rec.size))
+    }
+
     /// Applies a truncation to the buffer and flushes.
     pub(crate) fn truncate_locked(&self, ino: Ino, st: &mut FileState, size: u64) -> Result<()> {
         if size > MAX_FILE_SIZE {
@@ -209,6 +227,7 @@ impl Inner {
         }
         let e = self.sb.extent_size as u64;
         let d = self.ensure_dirty(ino, st)?;
+        let old_size = d.size;
         if size < d.size {
             let t = span::truncate_span(size, e);
             let keep = t.first_gone;
@@ -234,32 +253,16 @@ impl Inner {
         d.mtime = now;
         lock(&self.patches).clear_mtime(ino);
         d.ctime = now;
-        self.flush_locked(ino, st, false)
-    }
-}
-
-/// Bytes of `[start, end)` that no region of `regions` (sorted, disjoint `(start, end)` pairs)
-/// covers.
-fn uncovered(regions: &[(u64, u64)], start: u64, end: u64) -> u64 {
-    let covered: u64 = regions
-        .iter()
-        .map(|&(a, b)| b.min(end).saturating_sub(a.max(start)))
-        .sum();
-    end.saturating_sub(start).saturating_sub(covered)
-}
-
-#[cfg(test)]
-mod room_tests {
-    use super::uncovered;
-
-    #[test]
-    fn uncovered_counts_the_holes_of_a_range() {
-        assert_eq!(uncovered(&[], 0, 100), 100);
-        assert_eq!(uncovered(&[(0, 100)], 0, 100), 0);
-        assert_eq!(uncovered(&[(10, 20), (50, 60)], 0, 100), 80);
-        assert_eq!(uncovered(&[(10, 20), (50, 60)], 15, 55), 30);
-        assert_eq!(uncovered(&[(10, 20)], 30, 40), 10);
-        assert_eq!(uncovered(&[(10, 20)], 40, 40), 0);
-        assert_eq!(uncovered(&[(0, u64::MAX)], 5, u64::MAX), 0);
+        self.flush_locked(ino, st, false)?;
+        // As ext4_setattr, also at the same size: reservations past the end of file go (from
+        // the page holding it on), KEEP_SIZE ones included.
+        if size <= old_size {
+            self.unreserve(
+                ino,
+                size.div_ceil(prealloc::PAGE) * prealloc::PAGE,
+                u64::MAX,
+            )?;
+        }
+        Ok(())
     }
 }

@@ -365,7 +365,19 @@ impl Inner {
                 parts.push(h);
                 parts.push(stored);
             }
+            // Extents over preallocated ranges: the reserve file gives their room back first,
+            // and its lock is held until they are appended (see `prealloc`).
+            let written: Vec<(u64, u64)> = placed
+                .iter()
+                .map(|(i, ..)| {
+                    let en = &encoded[*i];
+                    let s = en.block * e + en.off as u64;
+                    (s, s + en.len as u64)
+                })
+                .collect();
+            let room = self.release_for_append(ino, &written)?;
             let (id, f, off) = self.append_parts(&parts)?;
+            drop(room);
             // Durability order: these bytes are synced before any durable commit (which
             // would make metadata referencing them durable): see `Inner::commit`.
             self.mark_unsynced(id, f, at);
@@ -399,6 +411,7 @@ impl Inner {
     ) -> Result<()> {
         let (encoded, placed, seg) = (&st.encoded, &st.placed, st.seg);
         let e = self.sb.extent_size as u64;
+        let reserved = self.any_reserved();
         {
             let mut rec = w.inode(ino)?;
             let old_inline = rec.inline.clone();
@@ -424,6 +437,10 @@ impl Inner {
                     start + en.len as u64
                 };
                 disk += w.map_remove_range(ino, start, end)?;
+                // Data written over a preallocated range ends its reservation (a hole does not).
+                if reserved && !matches!(en.out, Out::Hole) {
+                    w.prealloc_remove(ino, start, start + en.len as u64)?;
+                }
                 if en.block == 0 && en.full {
                     rec.inline = None;
                 }

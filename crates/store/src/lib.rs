@@ -45,6 +45,7 @@ mod namespace;
 mod open;
 mod pool;
 pub mod powercut;
+mod prealloc;
 mod read;
 mod records;
 mod segment;

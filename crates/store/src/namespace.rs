@@ -70,6 +70,14 @@ impl Inner {
             p.apply(&mut rec);
         }
         let mut a = attr_of(ino, &rec);
+        let reserved = self.reserved_of(ino)?;
+        if reserved > 0 {
+            // Preallocated ranges count as allocated, as on a kernel filesystem.
+            let inline = rec.inline.as_ref().map_or(0, |i| i.bytes.len() as u64);
+            a.blocks = (rec.disk_bytes.saturating_add(inline))
+                .saturating_add(reserved)
+                .div_ceil(512);
+        }
         if let Some(d) = g.as_ref().and_then(|g| g.dirty.as_ref()) {
             a.size = d.size;
             a.mtime = d.mtime;

@@ -24,6 +24,7 @@ use crate::file::FileState;
 use crate::meta::{self, W};
 use crate::open::{check_identity, meta_db, open_db_with, random_uuid, read_superblock, sync_dir};
 use crate::pool::Pool;
+use crate::prealloc::{Reserve, RESERVE_FILE};
 use crate::records::{
     parse_segment_file_name, InodeRec, Superblock, FORMAT_VERSION, META_FILE, SEGMENT_DIR,
     SUPERBLOCK_FILE,
@@ -137,6 +138,8 @@ pub(crate) struct Inner {
     pub patches: Mutex<Patches>,
     /// Queue of the writeback thread: small files flushed after their last close.
     pub writeback: Mutex<Option<std::sync::mpsc::Sender<Ino>>>,
+    /// Preallocated ranges' total and the host space held for them (see `prealloc`).
+    pub reserve: Reserve,
 }
 
 /// A compfs store. See the crate docs.
@@ -188,7 +191,7 @@ impl Store {
                 if !opts.force {
                     return Err(Error::AlreadyExists(dir.to_path_buf()));
                 }
-                for f in [SUPERBLOCK_FILE, META_FILE] {
+                for f in [SUPERBLOCK_FILE, META_FILE, RESERVE_FILE] {
                     match std::fs::remove_file(dir.join(f)) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
                         _ => {}
@@ -296,6 +299,7 @@ impl Store {
             }
         }
         let next_extent;
+        let reserved;
         {
             let txn = db.begin_read()?;
             let segs = txn.open_table(meta::SEGMENTS)?;
@@ -307,7 +311,9 @@ impl Store {
                 Some(v) => meta::u64_value(v.value())?,
                 None => return Err(meta::corrupt("missing extent counter")),
             };
+            reserved = crate::prealloc::total_in(&txn)?;
         }
+        let reserve = Reserve::open(dir, reserved, opts.read_only)?;
         let policy = opts.policy.unwrap_or((sb.codec, sb.mode));
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
@@ -343,6 +349,7 @@ impl Store {
             last_durable: Mutex::new(Instant::now()),
             patches: Mutex::new(Patches::default()),
             writeback: Mutex::new(None),
+            reserve,
             tuning: tuning.clone(),
         });
         if !opts.read_only {

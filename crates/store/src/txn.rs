@@ -62,11 +62,14 @@ impl Inner {
         body: impl FnOnce(&mut W<'_>) -> Result<T>,
     ) -> Result<T> {
         let txn = self.begin(durable)?;
-        let out = {
+        let (out, reserve_delta) = {
             let mut w = W::open(&txn).map_err(|e| self.fail_storage(e))?;
-            body(&mut w).map_err(|e| self.fail_storage(e))?
+            let out = body(&mut w).map_err(|e| self.fail_storage(e))?;
+            (out, w.reserve_delta)
         };
         self.commit(txn, durable)?;
+        // Preallocated bytes added or dropped: the reserve file follows (see `prealloc`).
+        self.settle(reserve_delta);
         Ok(out)
     }
 

@@ -843,12 +843,16 @@ impl Filesystem for CompFs {
             0 => self.store.allocate(ino, offset, length, false),
             KEEP => self.store.allocate(ino, offset, length, true),
             m if m == PUNCH | KEEP => self.store.punch_hole(ino, offset, length),
-            // Zeroing is a hole punched, then the size extended as by an allocation.
+            // Zeroing is a hole punched, then the range preallocated again (ext4 leaves it
+            // allocated, unwritten) and, without KEEP_SIZE, the size extended.
             ZERO => self
                 .store
                 .punch_hole(ino, offset, length)
                 .and_then(|()| self.store.allocate(ino, offset, length, false)),
-            m if m == ZERO | KEEP => self.store.punch_hole(ino, offset, length),
+            m if m == ZERO | KEEP => self
+                .store
+                .punch_hole(ino, offset, length)
+                .and_then(|()| self.store.allocate(ino, offset, length, true)),
             // Collapse/insert range and unshare are not supported (as btrfs lacks
             // collapse/insert): say so rather than pretend.
             _ => return reply.error(Errno::EOPNOTSUPP),

@@ -21,7 +21,8 @@ pub enum ProblemKind {
     CorruptExtent,
     /// A map entry references an extent that has no record, or whose segment is gone.
     MissingExtent,
-    /// A map entry is malformed (overlaps, past the extent or the file size, not a file).
+    /// A map entry is malformed (overlaps, past the extent or the file size, not a file), or a
+    /// preallocated range overlaps another, the file's data, or is not of a regular file.
     BadMapEntry,
     /// An extent record nobody references.
     UnreferencedExtent,
@@ -149,8 +150,8 @@ mod passes;
 mod repair;
 
 use passes::{
-    check_accounting, check_counters, check_extents, check_maps, check_segment_files,
-    check_segment_records, check_tree, load, Progress,
+    check_accounting, check_counters, check_extents, check_maps, check_prealloc,
+    check_segment_files, check_segment_records, check_tree, load, Progress,
 };
 use repair::apply;
 
@@ -175,6 +176,7 @@ struct Fixes {
     remove_index: Vec<(Ino, u64)>,
     free_inodes: Vec<Ino>,
     remove_map: Vec<(Ino, u64)>,
+    remove_prealloc: Vec<(Ino, u64)>,
     remove_extents: Vec<u64>,
     set_nlink: Vec<(Ino, u32)>,
     set_refs: Vec<(u64, u32)>,
@@ -201,6 +203,7 @@ fn check(
     let l = load(dir, &txn, &mut c, &mut fx, &mut rep)?;
     let max_ino = check_tree(&l, &mut c, &mut fx);
     let mu = check_maps(&txn, &l, &mut c, &mut fx)?;
+    check_prealloc(&txn, &l, &mut c, &mut fx)?;
     let total: u64 =
         l.extents.values().map(|x| x.footprint()).sum::<u64>() + l.files.values().sum::<u64>();
     let mut pr = Progress {

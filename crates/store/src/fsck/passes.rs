@@ -10,8 +10,8 @@ use crate::error::Result;
 use crate::meta;
 use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
-    MapRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR, SEG_HEADER_LEN,
-    STAT_INLINE,
+    MapRec, PreallocRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR,
+    SEG_HEADER_LEN, STAT_INLINE,
 };
 use crate::types::{FileKind, Ino, ROOT_INO};
 use crate::FsckReport;
@@ -378,6 +378,80 @@ pub(super) fn check_maps(
         referenced,
         users,
     })
+}
+
+/// Preallocated ranges: each of a regular file, disjoint from the file's other ranges and
+/// from its data (extent map and inline prefix). A bad one is dropped by a repair (the range
+/// stays a hole, only its reservation goes).
+pub(super) fn check_prealloc(
+    txn: &ReadTransaction,
+    l: &Loaded,
+    c: &mut Ctx,
+    fx: &mut Fixes,
+) -> Result<()> {
+    let t = match txn.open_table(meta::PREALLOC) {
+        Ok(t) => t,
+        // A store written before the table existed.
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let map = txn.open_table(meta::EXTMAP)?;
+    let mut prev: Option<(Ino, u64)> = None;
+    for r in t.iter()? {
+        let (k, v) = r?;
+        let (ino, start) = k.value();
+        let p = match PreallocRec::decode(start, v.value()) {
+            Ok(p) => p,
+            Err(e) => {
+                c.add(
+                    ProblemKind::BadRecord,
+                    Some(ino),
+                    format!("preallocated range of inode {ino} at {start}: {e}"),
+                );
+                fx.remove_prealloc.push((ino, start));
+                continue;
+            }
+        };
+        let end = start + p.len;
+        let data_in = |a: u64, b: u64| -> Result<bool> {
+            if let Some(r) = map.range((ino, 0)..(ino, a))?.next_back() {
+                let (k, v) = r?;
+                if let Ok(m) = MapRec::decode(v.value()) {
+                    if k.value().1.saturating_add(m.len as u64) > a {
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok(map.range((ino, a)..(ino, b))?.next().is_some())
+        };
+        let bad = match l.inodes.get(&ino) {
+            None => Some("belongs to a missing inode".to_string()),
+            Some(r) if r.kind != FileKind::File => Some("belongs to a non-file".to_string()),
+            Some(_) if matches!(prev, Some((pi, pe)) if pi == ino && pe > start) => {
+                Some("overlaps the previous range".to_string())
+            }
+            Some(r)
+                if r.inline
+                    .as_ref()
+                    .is_some_and(|i| u64::from(i.raw_len) > start) =>
+            {
+                Some("overlaps the inline data".to_string())
+            }
+            Some(_) if data_in(start, end)? => Some("overlaps written data".to_string()),
+            Some(_) => None,
+        };
+        if let Some(why) = bad {
+            c.add(
+                ProblemKind::BadMapEntry,
+                Some(ino),
+                format!("inode {ino} preallocated range {start}..{end} {why}"),
+            );
+            fx.remove_prealloc.push((ino, start));
+            continue;
+        }
+        prev = Some((ino, end));
+    }
+    Ok(())
 }
 
 /// Extents: records, segment index, and their bytes read and verified.

@@ -22,6 +22,9 @@ pub(super) fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
         for (ino, off) in &fx.remove_map {
             w.extmap_mut()?.remove((*ino, *off))?;
         }
+        for (ino, start) in &fx.remove_prealloc {
+            w.prealloc_mut()?.remove((*ino, *start))?;
+        }
         for id in &fx.remove_extents {
             let removed = w
                 .extents_mut()?

@@ -138,6 +138,11 @@ pub enum DecodeError {
     /// An extent-map entry of length 0.
     #[error("empty extent map entry")]
     EmptyMapEntry,
+    /// A preallocated range that is empty or reaches past the largest file offset.
+    #[error(
+        "preallocated range of {len} bytes at {start} is empty or past the largest file offset"
+    )]
+    BadPrealloc { start: u64, len: u64 },
     /// An extent-map entry that reaches past the end of its extent (`raw_len`: the extent's
     /// length, or the largest an extent can have when the extent is not known).
     #[error("extent map entry of {len} bytes at extent offset {ext_offset} reaches past the extent's {raw_len} bytes")]
@@ -708,6 +713,9 @@ impl StatRec {
 
 /// Key of the `stats` table row that counts inline data.
 pub const STAT_INLINE: u8 = 0xff;
+
+mod prealloc;
+pub use prealloc::PreallocRec;
 
 #[cfg(test)]
 mod tests;
