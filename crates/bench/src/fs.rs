@@ -129,11 +129,11 @@ struct Report {
     rows: Vec<Row>,
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn run_tool(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run_tool(cmd: &mut Command) -> Result<()> {
     let o = cmd
         .stdin(Stdio::null())
         .output()
@@ -149,14 +149,14 @@ fn run_tool(cmd: &mut Command) -> Result<()> {
 
 /// Flushes the page cache to the file system, and the file system to disk: `sync`, then an
 /// fsync of the mount's root directory (compfs: syncs the whole store; FUSE has no syncfs).
-fn full_sync(mnt: &Path) -> Result<()> {
+pub(crate) fn full_sync(mnt: &Path) -> Result<()> {
     rustix::fs::sync();
     std::fs::File::open(mnt)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("fsync {}", mnt.display()))
 }
 
-fn drop_caches() -> bool {
+pub(crate) fn drop_caches() -> bool {
     rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
@@ -186,13 +186,13 @@ fn read_all(mnt: &Path) -> Result<f64> {
 }
 
 /// A compfs daemon for one measurement; unmounts on drop.
-struct CompfsMount {
+pub(crate) struct CompfsMount {
     child: Option<Child>,
     mnt: PathBuf,
 }
 
 impl CompfsMount {
-    fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
+    pub(crate) fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("mount")
@@ -219,6 +219,11 @@ impl CompfsMount {
         Ok(m)
     }
 
+    /// The daemon's process id while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Peak RSS of the daemon so far, MiB.
     fn peak_rss_mib(&self) -> f64 {
         let Some(c) = &self.child else { return 0.0 };
@@ -231,7 +236,7 @@ impl CompfsMount {
             .map_or(0.0, |kb| kb / 1024.0)
     }
 
-    fn unmount(mut self) -> Result<()> {
+    pub(crate) fn unmount(mut self) -> Result<()> {
         self.unmount_inner()
     }
 
@@ -275,14 +280,14 @@ impl Drop for CompfsMount {
     }
 }
 
-/// A kernel btrfs on a loop image; unmounted on drop.
-struct BtrfsMount {
+/// A kernel file system (btrfs, ext4, xfs) on a loop image; unmounted on drop.
+pub(crate) struct KernelMount {
     mnt: PathBuf,
     mounted: bool,
 }
 
-impl BtrfsMount {
-    fn new(img: &Path, mnt: &Path, opts: &str) -> Result<BtrfsMount> {
+impl KernelMount {
+    pub(crate) fn new(fstype: &str, img: &Path, mnt: &Path, opts: &str) -> Result<KernelMount> {
         let mut o = String::from("loop");
         if !opts.is_empty() {
             o.push(',');
@@ -291,25 +296,25 @@ impl BtrfsMount {
         run_tool(
             Command::new("mount")
                 .arg("-t")
-                .arg("btrfs")
+                .arg(fstype)
                 .arg("-o")
                 .arg(&o)
                 .arg(img)
                 .arg(mnt),
         )?;
-        Ok(BtrfsMount {
+        Ok(KernelMount {
             mnt: mnt.to_path_buf(),
             mounted: true,
         })
     }
 
-    fn unmount(mut self) -> Result<()> {
+    pub(crate) fn unmount(mut self) -> Result<()> {
         self.mounted = false;
         run_tool(Command::new("umount").arg(&self.mnt))
     }
 }
 
-impl Drop for BtrfsMount {
+impl Drop for KernelMount {
     fn drop(&mut self) {
         if self.mounted {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
@@ -318,15 +323,26 @@ impl Drop for BtrfsMount {
 }
 
 fn mkfs_btrfs(img: &Path, size: u64) -> Result<()> {
+    mkfs_image("btrfs", img, size)
+}
+
+/// A fresh sparse image file of `size` bytes holding an empty file system of type `fstype`
+/// (btrfs, ext4 or xfs).
+pub(crate) fn mkfs_image(fstype: &str, img: &Path, size: u64) -> Result<()> {
     let _ = std::fs::remove_file(img);
     let f = std::fs::File::create(img)?;
     f.set_len(size)?;
     drop(f);
-    run_tool(Command::new("mkfs.btrfs").args(["-f", "-q"]).arg(img))
+    let force = if fstype == "ext4" { "-F" } else { "-f" };
+    run_tool(
+        Command::new(format!("mkfs.{fstype}"))
+            .args([force, "-q"])
+            .arg(img),
+    )
 }
 
 /// btrfs ratio: compsize when installed, else df.
-fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
+pub(crate) fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
     if let Ok(o) = Command::new("compsize").arg("-b").arg(mnt).output() {
         if o.status.success() {
             let text = String::from_utf8_lossy(&o.stdout);
@@ -347,11 +363,11 @@ fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
     (bytes as f64 / used as f64, used, "df".into())
 }
 
-fn df_used(p: &Path) -> u64 {
+pub(crate) fn df_used(p: &Path) -> u64 {
     rustix::fs::statvfs(p).map_or(0, |s| (s.f_blocks - s.f_bfree) * s.f_frsize)
 }
 
-fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
+pub(crate) fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
     let mut total = UsageReport::default();
     compfs_fs::add_tree_usage(mnt, &mut HashSet::new(), &mut total)?;
     let t = total.total();
@@ -477,13 +493,13 @@ impl Ctx {
         let img = self.btrfs_image(copies)?;
         let mnt = self.mnt()?;
         let bytes = self.corpus_bytes * copies as u64;
-        let m = BtrfsMount::new(&img, &mnt, opts)?;
+        let m = KernelMount::new("btrfs", &img, &mnt, opts)?;
         let before = df_used(&mnt);
         let write_secs = self.copy_in(&mnt, copies)?;
         let (ratio, disk, src) = btrfs_ratio(&mnt, bytes, before);
         m.unmount()?;
         drop_caches();
-        let m = BtrfsMount::new(&img, &mnt, opts)?;
+        let m = KernelMount::new("btrfs", &img, &mnt, opts)?;
         let read_secs = read_all(&mnt)?;
         m.unmount()?;
         std::fs::remove_file(&img)?;
@@ -516,7 +532,7 @@ impl Ctx {
             Ok(r)
         } else {
             let img = self.btrfs_image(1)?;
-            let m = BtrfsMount::new(&img, &mnt, opts)?;
+            let m = KernelMount::new("btrfs", &img, &mnt, opts)?;
             let r = f(&mnt)?;
             m.unmount()?;
             std::fs::remove_file(&img)?;

@@ -18,6 +18,7 @@
 //! executable (`compfs mount`, `compfs blk serve`), so they must be called from `compfs`.
 
 pub mod blk;
+pub mod bonnie;
 pub mod codecs;
 pub mod corpus;
 mod error;
