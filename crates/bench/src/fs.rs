@@ -2,7 +2,8 @@
 //! in with `compress-force=METHOD`, sync (write MB/s), ratio from the usage report, unmount,
 //! drop caches, remount, `tar cf - . | cat > /dev/null` (read MB/s) — on compfs and, with
 //! `--vs-btrfs`, on kernel btrfs on a loop image in the same run. Extra workloads: heuristic
-//! mode, 512 KiB extents, untar of a source tree, fio 4 KiB random overwrite.
+//! mode, 512 KiB extents, untar of a source tree (also on `bindfs`, a FUSE passthrough that does
+//! no work: the FUSE floor), fio 4 KiB random overwrite.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -280,6 +281,40 @@ impl Drop for CompfsMount {
     }
 }
 
+/// A `bindfs` passthrough of a directory; unmounted on drop.
+struct BindfsMount {
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl BindfsMount {
+    fn new(src: &Path, mnt: &Path) -> Result<BindfsMount> {
+        // bindfs returns once the mount is up and serves it from a detached process.
+        run_tool(Command::new("bindfs").arg(src).arg(mnt))
+            .context("bindfs (scripts/deps.sh installs it)")?;
+        Ok(BindfsMount {
+            mnt: mnt.to_path_buf(),
+            mounted: true,
+        })
+    }
+
+    fn unmount(mut self) -> Result<()> {
+        self.mounted = false;
+        run_tool(Command::new("fusermount3").arg("-u").arg(&self.mnt))
+    }
+}
+
+impl Drop for BindfsMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+        }
+    }
+}
+
 /// A kernel file system (btrfs, ext4, xfs) on a loop image; unmounted on drop.
 pub(crate) struct KernelMount {
     mnt: PathBuf,
@@ -523,7 +558,18 @@ impl Ctx {
         f: impl FnOnce(&Path) -> Result<T>,
     ) -> Result<T> {
         let mnt = self.mnt()?;
-        if fs == "compfs" {
+        if fs == "bindfs" {
+            let src = self.work.join("bindfs-src");
+            if src.exists() {
+                std::fs::remove_dir_all(&src)?;
+            }
+            std::fs::create_dir_all(&src)?;
+            let m = BindfsMount::new(&src, &mnt)?;
+            let r = f(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_dir_all(&src)?;
+            Ok(r)
+        } else if fs == "compfs" {
             let store = self.fresh_store(128 << 10)?;
             let m = CompfsMount::new(&store, &mnt, opts)?;
             let r = f(&mnt)?;
@@ -558,7 +604,7 @@ impl Ctx {
         Ok(Row {
             fs: fs.into(),
             workload: "untar".into(),
-            method: "zstd:3".into(),
+            method: untar_method(fs).into(),
             copies: 1,
             bytes,
             write_secs: secs,
@@ -597,6 +643,15 @@ impl Ctx {
     }
 }
 
+/// The method of an untar row: compfs and btrfs compress with zstd:3, bindfs passes through.
+fn untar_method(fs: &str) -> &'static str {
+    if fs == "bindfs" {
+        "none"
+    } else {
+        "zstd:3"
+    }
+}
+
 /// The run with the median time, noting every run's seconds.
 fn median_run(mut runs: Vec<Row>) -> Result<Row> {
     runs.sort_by(|a, b| a.write_secs.total_cmp(&b.write_secs));
@@ -631,7 +686,7 @@ fn print_table(rows: &[Row]) {
         "workload", "method", "copies", "MB", "cf wr", "cf rd", "cf x", "RSS", "bt wr", "bt rd", "bt x", "wr c/b", "rd c/b", "x c/b"
     );
     let mut seen = Vec::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.fs == "compfs" || r.fs == "btrfs") {
         let key = (r.workload.clone(), r.method.clone());
         if seen.contains(&key) {
             continue;
@@ -678,6 +733,19 @@ fn print_table(rows: &[Row]) {
         }
     }
     println!("(wr/rd = MB/s, or IOPS for fio; x = compression ratio; RSS = compfs daemon peak MiB; c/b = compfs / btrfs)");
+    for b in rows.iter().filter(|r| r.fs == "bindfs") {
+        let c = find("compfs", &b.workload, "zstd:3");
+        println!(
+            "bindfs (FUSE passthrough, the FUSE floor) {}: {:.2} s{}; {}",
+            b.workload,
+            b.write_secs,
+            c.map_or(String::new(), |c| format!(
+                ", compfs takes {} its time",
+                fmt_ratio(c.write_secs, b.write_secs)
+            )),
+            b.note
+        );
+    }
 }
 
 /// Runs `compfs bench fs`.
@@ -806,10 +874,13 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
             }
         };
         let tar_bytes = std::fs::metadata(&tarball)?.len();
-        let mut runs: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
-        let mut failed: [Option<crate::Error>; 2] = [None, None];
+        // bindfs, a FUSE passthrough to the work directory's file system that does no work,
+        // is the FUSE floor: what any FUSE file system pays in round trips on this machine.
+        let untar_fs = ["compfs", "btrfs", "bindfs"];
+        let mut runs: [Vec<Row>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut failed: [Option<crate::Error>; 3] = [None, None, None];
         for _ in 0..a.untar_runs.max(1) {
-            for (i, fs) in ["compfs", "btrfs"].into_iter().enumerate() {
+            for (i, fs) in untar_fs.into_iter().enumerate() {
                 if (fs == "btrfs" && !ctx.vs_btrfs) || failed[i].is_some() {
                     continue;
                 }
@@ -819,7 +890,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
                 }
             }
         }
-        for (i, fs) in ["compfs", "btrfs"].into_iter().enumerate() {
+        for (i, fs) in untar_fs.into_iter().enumerate() {
             if fs == "btrfs" && !ctx.vs_btrfs {
                 continue;
             }
@@ -827,7 +898,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
                 Some(e) => Err(e),
                 None => median_run(std::mem::take(&mut runs[i])),
             };
-            record(r, fs, "untar", "zstd:3", &mut rows);
+            record(r, fs, "untar", untar_method(fs), &mut rows);
         }
         let size = parse_size(&a.fio_size)?;
         for fs in ["compfs", "btrfs"] {
