@@ -40,9 +40,14 @@ pub struct Args {
     /// RAM size Bonnie++ is told, MiB (`bonnie++ -r`; it writes twice as much).
     #[arg(long, default_value_t = 1024)]
     pub ram: u32,
-    /// One run with small sizes (`-r 64 -s 128 -n 1`), for CI and checks.
+    /// One run with small sizes (`-r 64 -s 128 -n 1 -f2`: 2 MiB for the per-char tests), for CI
+    /// and checks.
     #[arg(long)]
     pub quick: bool,
+    /// File systems to run, comma-separated, among compfs, btrfs, ext4, xfs (all by default;
+    /// the kernel ones need root).
+    #[arg(long, default_value = "compfs,btrfs,ext4,xfs")]
+    pub fs: String,
     /// Write all rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -262,6 +267,9 @@ pub struct Target {
     pub options: String,
 }
 
+/// What `--fs` may name.
+const FILE_SYSTEMS: [&str; 4] = ["compfs", "btrfs", "ext4", "xfs"];
+
 /// Whether kernel btrfs has `method` (it has no lz4).
 pub fn btrfs_has(method: &str) -> bool {
     method == "none"
@@ -389,10 +397,10 @@ fn measure_ratio(fs: &str, dir: &Path, df_before: u64) -> Result<(f64, String)> 
 }
 
 /// Bonnie++'s sizes: the seed's (`-r RAM`, file size chosen by Bonnie++: twice the RAM, 16×1024
-/// files) or the quick ones.
+/// files, 20 MiB written and read a byte at a time) or the quick ones.
 pub fn bonnie_size_args(ram: u32, quick: bool) -> Vec<String> {
     if quick {
-        ["-r", "64", "-s", "128", "-n", "1"]
+        ["-r", "64", "-s", "128", "-n", "1", "-f2"]
             .map(String::from)
             .to_vec()
     } else {
@@ -686,7 +694,14 @@ pub fn run(a: Args) -> Result<()> {
         runs,
         rows: Vec::new(),
     };
-    for t in targets(&methods, kernel) {
+    let wanted: Vec<&str> = a.fs.split(',').map(str::trim).collect();
+    if let Some(bad) = wanted.iter().find(|f| !FILE_SYSTEMS.contains(f)) {
+        bail!("--fs: unknown file system {bad} (compfs, btrfs, ext4, xfs)");
+    }
+    for t in targets(&methods, kernel)
+        .into_iter()
+        .filter(|t| wanted.contains(&t.fs))
+    {
         eprintln!("bonnie++ on {} {} ({runs} runs) ...", t.fs, t.method);
         let started = Instant::now();
         let row = match ctx.run(&t) {

@@ -313,7 +313,7 @@ pub fn grouped_bars(
                     .configure_series_labels()
                     .background_style(WHITE.mix(0.85))
                     .border_style(BLACK)
-                    .position(SeriesLabelPosition::UpperRight)
+                    .position(SeriesLabelPosition::UpperLeft)
                     .draw()?;
             }};
         }

@@ -57,10 +57,19 @@ fn quick_bonnie_run_reports_every_file_system() {
         assert_eq!(r["runs"], 1, "{what}: {}", r["note"]);
         let cols = r["columns"].as_array().unwrap();
         assert_eq!(cols.len(), 12, "{what}");
-        // The per-char tests write and read 20 MiB a byte at a time: never under 500 ms.
-        for c in &cols[..4] {
-            if c["column"] == "putc" || c["column"] == "getc" {
-                assert!(c["value"]["mean"].as_f64().unwrap() > 0.0, "{what}: {c}");
+        // The per-char tests write and read 2 MiB with a system call per byte: over 500 ms
+        // (Bonnie++'s "+++++" threshold) on any machine, so at least one of them has a figure.
+        let figure = |key: &str| {
+            cols.iter()
+                .find(|c| c["column"] == key)
+                .and_then(|c| c["value"]["mean"].as_f64())
+        };
+        assert!(
+            figure("putc").or(figure("getc")).is_some_and(|v| v > 0.0),
+            "{what}: {cols:?}"
+        );
+        for c in cols {
+            if c["value"]["mean"].as_f64().is_some() {
                 assert!(c["cpu"]["mean"].as_f64().is_some(), "{what}: {c}");
             }
         }
