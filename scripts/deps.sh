@@ -11,12 +11,12 @@ declare -A pkg=(
   [cc]=build-essential [curl]=curl [fusermount3]=fuse3 [zstd]=zstd [lz4]=lz4 [xz]=xz-utils
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [nbdcopy]=libnbd-bin [nbdinfo]=libnbd-bin
   [nbdkit]=nbdkit [nbdfuse]=nbdfuse [mkfs.ext4]=e2fsprogs [mkfs.btrfs]=btrfs-progs
-  [compsize]=btrfs-compsize [fio]=fio
+  [compsize]=btrfs-compsize [fio]=fio [bonnie++]=bonnie++ [mkfs.xfs]=xfsprogs [bindfs]=bindfs
 )
 want=("$@")
 if [ ${#want[@]} -eq 0 ]; then
   want=(cc fusermount3 zstd lz4 xz qemu-img qemu-io nbdcopy nbdinfo nbdkit nbdfuse mkfs.ext4
-        mkfs.btrfs compsize fio)
+        mkfs.btrfs compsize fio bonnie++ mkfs.xfs bindfs)
 fi
 
 # sbin directories are not on every user's PATH, but the tools there still count.

@@ -2,7 +2,8 @@
 //! in with `compress-force=METHOD`, sync (write MB/s), ratio from the usage report, unmount,
 //! drop caches, remount, `tar cf - . | cat > /dev/null` (read MB/s) — on compfs and, with
 //! `--vs-btrfs`, on kernel btrfs on a loop image in the same run. Extra workloads: heuristic
-//! mode, 512 KiB extents, untar of a source tree, fio 4 KiB random overwrite.
+//! mode, 512 KiB extents, untar of a source tree (also on `bindfs`, a FUSE passthrough that does
+//! no work: the FUSE floor), fio 4 KiB random overwrite.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -129,11 +130,11 @@ struct Report {
     rows: Vec<Row>,
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn run_tool(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run_tool(cmd: &mut Command) -> Result<()> {
     let o = cmd
         .stdin(Stdio::null())
         .output()
@@ -149,14 +150,14 @@ fn run_tool(cmd: &mut Command) -> Result<()> {
 
 /// Flushes the page cache to the file system, and the file system to disk: `sync`, then an
 /// fsync of the mount's root directory (compfs: syncs the whole store; FUSE has no syncfs).
-fn full_sync(mnt: &Path) -> Result<()> {
+pub(crate) fn full_sync(mnt: &Path) -> Result<()> {
     rustix::fs::sync();
     std::fs::File::open(mnt)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("fsync {}", mnt.display()))
 }
 
-fn drop_caches() -> bool {
+pub(crate) fn drop_caches() -> bool {
     rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
@@ -186,13 +187,13 @@ fn read_all(mnt: &Path) -> Result<f64> {
 }
 
 /// A compfs daemon for one measurement; unmounts on drop.
-struct CompfsMount {
+pub(crate) struct CompfsMount {
     child: Option<Child>,
     mnt: PathBuf,
 }
 
 impl CompfsMount {
-    fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
+    pub(crate) fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("mount")
@@ -219,6 +220,11 @@ impl CompfsMount {
         Ok(m)
     }
 
+    /// The daemon's process id while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Peak RSS of the daemon so far, MiB.
     fn peak_rss_mib(&self) -> f64 {
         let Some(c) = &self.child else { return 0.0 };
@@ -231,7 +237,7 @@ impl CompfsMount {
             .map_or(0.0, |kb| kb / 1024.0)
     }
 
-    fn unmount(mut self) -> Result<()> {
+    pub(crate) fn unmount(mut self) -> Result<()> {
         self.unmount_inner()
     }
 
@@ -275,14 +281,48 @@ impl Drop for CompfsMount {
     }
 }
 
-/// A kernel btrfs on a loop image; unmounted on drop.
-struct BtrfsMount {
+/// A `bindfs` passthrough of a directory; unmounted on drop.
+struct BindfsMount {
     mnt: PathBuf,
     mounted: bool,
 }
 
-impl BtrfsMount {
-    fn new(img: &Path, mnt: &Path, opts: &str) -> Result<BtrfsMount> {
+impl BindfsMount {
+    fn new(src: &Path, mnt: &Path) -> Result<BindfsMount> {
+        // bindfs returns once the mount is up and serves it from a detached process.
+        run_tool(Command::new("bindfs").arg(src).arg(mnt))
+            .context("bindfs (scripts/deps.sh installs it)")?;
+        Ok(BindfsMount {
+            mnt: mnt.to_path_buf(),
+            mounted: true,
+        })
+    }
+
+    fn unmount(mut self) -> Result<()> {
+        self.mounted = false;
+        run_tool(Command::new("fusermount3").arg("-u").arg(&self.mnt))
+    }
+}
+
+impl Drop for BindfsMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+        }
+    }
+}
+
+/// A kernel file system (btrfs, ext4, xfs) on a loop image; unmounted on drop.
+pub(crate) struct KernelMount {
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl KernelMount {
+    pub(crate) fn new(fstype: &str, img: &Path, mnt: &Path, opts: &str) -> Result<KernelMount> {
         let mut o = String::from("loop");
         if !opts.is_empty() {
             o.push(',');
@@ -291,25 +331,25 @@ impl BtrfsMount {
         run_tool(
             Command::new("mount")
                 .arg("-t")
-                .arg("btrfs")
+                .arg(fstype)
                 .arg("-o")
                 .arg(&o)
                 .arg(img)
                 .arg(mnt),
         )?;
-        Ok(BtrfsMount {
+        Ok(KernelMount {
             mnt: mnt.to_path_buf(),
             mounted: true,
         })
     }
 
-    fn unmount(mut self) -> Result<()> {
+    pub(crate) fn unmount(mut self) -> Result<()> {
         self.mounted = false;
         run_tool(Command::new("umount").arg(&self.mnt))
     }
 }
 
-impl Drop for BtrfsMount {
+impl Drop for KernelMount {
     fn drop(&mut self) {
         if self.mounted {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
@@ -318,15 +358,26 @@ impl Drop for BtrfsMount {
 }
 
 fn mkfs_btrfs(img: &Path, size: u64) -> Result<()> {
+    mkfs_image("btrfs", img, size)
+}
+
+/// A fresh sparse image file of `size` bytes holding an empty file system of type `fstype`
+/// (btrfs, ext4 or xfs).
+pub(crate) fn mkfs_image(fstype: &str, img: &Path, size: u64) -> Result<()> {
     let _ = std::fs::remove_file(img);
     let f = std::fs::File::create(img)?;
     f.set_len(size)?;
     drop(f);
-    run_tool(Command::new("mkfs.btrfs").args(["-f", "-q"]).arg(img))
+    let force = if fstype == "ext4" { "-F" } else { "-f" };
+    run_tool(
+        Command::new(format!("mkfs.{fstype}"))
+            .args([force, "-q"])
+            .arg(img),
+    )
 }
 
 /// btrfs ratio: compsize when installed, else df.
-fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
+pub(crate) fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
     if let Ok(o) = Command::new("compsize").arg("-b").arg(mnt).output() {
         if o.status.success() {
             let text = String::from_utf8_lossy(&o.stdout);
@@ -347,11 +398,11 @@ fn btrfs_ratio(mnt: &Path, bytes: u64, df_before: u64) -> (f64, u64, String) {
     (bytes as f64 / used as f64, used, "df".into())
 }
 
-fn df_used(p: &Path) -> u64 {
+pub(crate) fn df_used(p: &Path) -> u64 {
     rustix::fs::statvfs(p).map_or(0, |s| (s.f_blocks - s.f_bfree) * s.f_frsize)
 }
 
-fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
+pub(crate) fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
     let mut total = UsageReport::default();
     compfs_fs::add_tree_usage(mnt, &mut HashSet::new(), &mut total)?;
     let t = total.total();
@@ -477,13 +528,13 @@ impl Ctx {
         let img = self.btrfs_image(copies)?;
         let mnt = self.mnt()?;
         let bytes = self.corpus_bytes * copies as u64;
-        let m = BtrfsMount::new(&img, &mnt, opts)?;
+        let m = KernelMount::new("btrfs", &img, &mnt, opts)?;
         let before = df_used(&mnt);
         let write_secs = self.copy_in(&mnt, copies)?;
         let (ratio, disk, src) = btrfs_ratio(&mnt, bytes, before);
         m.unmount()?;
         drop_caches();
-        let m = BtrfsMount::new(&img, &mnt, opts)?;
+        let m = KernelMount::new("btrfs", &img, &mnt, opts)?;
         let read_secs = read_all(&mnt)?;
         m.unmount()?;
         std::fs::remove_file(&img)?;
@@ -507,7 +558,18 @@ impl Ctx {
         f: impl FnOnce(&Path) -> Result<T>,
     ) -> Result<T> {
         let mnt = self.mnt()?;
-        if fs == "compfs" {
+        if fs == "bindfs" {
+            let src = self.work.join("bindfs-src");
+            if src.exists() {
+                std::fs::remove_dir_all(&src)?;
+            }
+            std::fs::create_dir_all(&src)?;
+            let m = BindfsMount::new(&src, &mnt)?;
+            let r = f(&mnt)?;
+            m.unmount()?;
+            std::fs::remove_dir_all(&src)?;
+            Ok(r)
+        } else if fs == "compfs" {
             let store = self.fresh_store(128 << 10)?;
             let m = CompfsMount::new(&store, &mnt, opts)?;
             let r = f(&mnt)?;
@@ -516,7 +578,7 @@ impl Ctx {
             Ok(r)
         } else {
             let img = self.btrfs_image(1)?;
-            let m = BtrfsMount::new(&img, &mnt, opts)?;
+            let m = KernelMount::new("btrfs", &img, &mnt, opts)?;
             let r = f(&mnt)?;
             m.unmount()?;
             std::fs::remove_file(&img)?;
@@ -542,7 +604,7 @@ impl Ctx {
         Ok(Row {
             fs: fs.into(),
             workload: "untar".into(),
-            method: "zstd:3".into(),
+            method: untar_method(fs).into(),
             copies: 1,
             bytes,
             write_secs: secs,
@@ -581,6 +643,15 @@ impl Ctx {
     }
 }
 
+/// The method of an untar row: compfs and btrfs compress with zstd:3, bindfs passes through.
+fn untar_method(fs: &str) -> &'static str {
+    if fs == "bindfs" {
+        "none"
+    } else {
+        "zstd:3"
+    }
+}
+
 /// The run with the median time, noting every run's seconds.
 fn median_run(mut runs: Vec<Row>) -> Result<Row> {
     runs.sort_by(|a, b| a.write_secs.total_cmp(&b.write_secs));
@@ -615,7 +686,7 @@ fn print_table(rows: &[Row]) {
         "workload", "method", "copies", "MB", "cf wr", "cf rd", "cf x", "RSS", "bt wr", "bt rd", "bt x", "wr c/b", "rd c/b", "x c/b"
     );
     let mut seen = Vec::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.fs == "compfs" || r.fs == "btrfs") {
         let key = (r.workload.clone(), r.method.clone());
         if seen.contains(&key) {
             continue;
@@ -662,6 +733,19 @@ fn print_table(rows: &[Row]) {
         }
     }
     println!("(wr/rd = MB/s, or IOPS for fio; x = compression ratio; RSS = compfs daemon peak MiB; c/b = compfs / btrfs)");
+    for b in rows.iter().filter(|r| r.fs == "bindfs") {
+        let c = find("compfs", &b.workload, "zstd:3");
+        println!(
+            "bindfs (FUSE passthrough, the FUSE floor) {}: {:.2} s{}; {}",
+            b.workload,
+            b.write_secs,
+            c.map_or(String::new(), |c| format!(
+                ", compfs takes {} its time",
+                fmt_ratio(c.write_secs, b.write_secs)
+            )),
+            b.note
+        );
+    }
 }
 
 /// Runs `compfs bench fs`.
@@ -790,10 +874,13 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
             }
         };
         let tar_bytes = std::fs::metadata(&tarball)?.len();
-        let mut runs: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
-        let mut failed: [Option<crate::Error>; 2] = [None, None];
+        // bindfs, a FUSE passthrough to the work directory's file system that does no work,
+        // is the FUSE floor: what any FUSE file system pays in round trips on this machine.
+        let untar_fs = ["compfs", "btrfs", "bindfs"];
+        let mut runs: [Vec<Row>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut failed: [Option<crate::Error>; 3] = [None, None, None];
         for _ in 0..a.untar_runs.max(1) {
-            for (i, fs) in ["compfs", "btrfs"].into_iter().enumerate() {
+            for (i, fs) in untar_fs.into_iter().enumerate() {
                 if (fs == "btrfs" && !ctx.vs_btrfs) || failed[i].is_some() {
                     continue;
                 }
@@ -803,7 +890,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
                 }
             }
         }
-        for (i, fs) in ["compfs", "btrfs"].into_iter().enumerate() {
+        for (i, fs) in untar_fs.into_iter().enumerate() {
             if fs == "btrfs" && !ctx.vs_btrfs {
                 continue;
             }
@@ -811,7 +898,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
                 Some(e) => Err(e),
                 None => median_run(std::mem::take(&mut runs[i])),
             };
-            record(r, fs, "untar", "zstd:3", &mut rows);
+            record(r, fs, "untar", untar_method(fs), &mut rows);
         }
         let size = parse_size(&a.fio_size)?;
         for fs in ["compfs", "btrfs"] {

@@ -5,7 +5,10 @@
 //!
 //! * [`codecs`]: every codec and level on files cut into extent-sized blocks (ratio, speed,
 //!   context memory), optionally beside the `zstd -b` / `lz4 -b` figures;
-//! * [`fs`]: the mounted filesystem against kernel btrfs (copy, read, untar, fio);
+//! * [`fs`]: the mounted filesystem against kernel btrfs (copy, read, untar, fio), bindfs as
+//!   the FUSE floor of the untar;
+//! * [`bonnie`]: Bonnie++ on compfs, kernel btrfs, ext4 and xfs per method (seed 004), with the
+//!   compfs daemon's CPU and the ratio reached;
 //! * [`store`]: the store API without FUSE (write scaling, read-back, GC, random overwrites);
 //! * [`blk`]: `compfs blk` against kernel zram and nbdkit's memory plugin;
 //! * [`heuristic`]: the "compress this extent?" heuristic against real outcomes;
@@ -14,10 +17,11 @@
 //!
 //! Shared parts: [`corpus`] (the one corpus unpacker and file readers), [`fio`] (the one fio
 //! runner) and [`plot`] (every SVG). Temporary directories come from `tempfile` and are removed
-//! when a run ends, also on error. `fs` and `blk` start daemons by running the current
+//! when a run ends, also on error. `fs`, `bonnie` and `blk` start daemons by running the current
 //! executable (`compfs mount`, `compfs blk serve`), so they must be called from `compfs`.
 
 pub mod blk;
+pub mod bonnie;
 pub mod codecs;
 pub mod corpus;
 mod error;

@@ -210,6 +210,229 @@ pub fn blk(rep: &crate::blk::Report, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// One bar series of a grouped bar chart: a label, and per category the bar (mean, min, max)
+/// and an optional part stacked on top of it (the compfs daemon's CPU).
+pub struct BarSeries {
+    pub label: String,
+    pub bars: Vec<Option<(f64, f64, f64)>>,
+    pub stacked: Vec<Option<f64>>,
+}
+
+/// A grouped bar chart: per category one bar per series, min–max whiskers, an optional stacked
+/// part drawn lighter; `log` for a logarithmic value axis.
+pub fn grouped_bars(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    categories: &[&str],
+    series: &[BarSeries],
+    log: bool,
+) -> Result<()> {
+    let top = series
+        .iter()
+        .flat_map(|s| {
+            s.bars
+                .iter()
+                .zip(&s.stacked)
+                .map(|(b, st)| b.map_or(0.0, |(m, _, hi)| hi.max(m + st.unwrap_or(0.0))))
+        })
+        .fold(0.0, f64::max);
+    let low = series
+        .iter()
+        .flat_map(|s| s.bars.iter().flatten().map(|b| b.1))
+        .filter(|v| *v > 0.0)
+        .fold(f64::MAX, f64::min);
+    if top <= 0.0 {
+        bail!("nothing to plot in {}", path.display());
+    }
+    let n = categories.len();
+    let k = series.len().max(1);
+    let width = 0.8 / k as f64;
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (1100, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut cb = ChartBuilder::on(&root);
+        cb.caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(60)
+            .y_label_area_size(70);
+        let x_range = -0.5f64..(n as f64 - 0.5);
+        let fmt = |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() > 1e-6 || i < 0.0 {
+                return String::new();
+            }
+            categories
+                .get(i as usize)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        };
+        // Bars start at the floor of the axis: 0, or a decade under the smallest value.
+        macro_rules! body {
+            ($chart:ident, $floor:expr) => {{
+                $chart
+                    .configure_mesh()
+                    .x_labels(n)
+                    .x_label_formatter(&fmt)
+                    .disable_x_mesh()
+                    .y_desc(y_desc)
+                    .draw()?;
+                for (j, s) in series.iter().enumerate() {
+                    let colour = Palette99::pick(j).to_rgba();
+                    let x0 = |i: usize| i as f64 - 0.4 + j as f64 * width;
+                    $chart
+                        .draw_series(s.bars.iter().enumerate().filter_map(|(i, b)| {
+                            b.map(|(m, _, _)| {
+                                Rectangle::new(
+                                    [(x0(i), $floor), (x0(i) + width * 0.9, m.max($floor))],
+                                    colour.filled(),
+                                )
+                            })
+                        }))?
+                        .label(s.label.clone())
+                        .legend(move |(x, y)| {
+                            Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
+                        });
+                    $chart.draw_series(s.bars.iter().zip(&s.stacked).enumerate().filter_map(
+                        |(i, (b, st))| match (b, st) {
+                            (Some((m, _, _)), Some(d)) if *d > 0.0 => Some(Rectangle::new(
+                                [(x0(i), m.max($floor)), (x0(i) + width * 0.9, m + d)],
+                                colour.mix(0.35).filled(),
+                            )),
+                            _ => None,
+                        },
+                    ))?;
+                    $chart.draw_series(s.bars.iter().enumerate().filter_map(|(i, b)| {
+                        b.filter(|(_, lo, hi)| hi > lo).map(|(_, lo, hi)| {
+                            let xc = x0(i) + width * 0.45;
+                            PathElement::new(vec![(xc, lo.max($floor)), (xc, hi)], BLACK)
+                        })
+                    }))?;
+                }
+                $chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .draw()?;
+            }};
+        }
+        if log {
+            let floor = if low == f64::MAX { 1.0 } else { low / 2.0 };
+            let mut chart = cb.build_cartesian_2d(x_range, (floor..top * 3.0).log_scale())?;
+            body!(chart, floor);
+        } else {
+            let mut chart = cb.build_cartesian_2d(x_range, 0f64..top * 1.15)?;
+            body!(chart, 0.0);
+        }
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| failed!("cannot draw {}: {e}", path.display()))
+}
+
+/// `bench bonnie --plot DIR`: the seed's graphs. For each method across file systems
+/// (`method-M-*.svg`) and for each compressing file system across methods (`fs-F-*.svg`):
+/// throughput of the output/input columns (`-throughput.svg`, MiB/s), CPU per column
+/// (`-cpu.svg`, Bonnie++'s %CP with the compfs daemon's stacked on top, lighter) and the
+/// create/stat/delete rates (`-files.svg`).
+pub fn bonnie(rows: &[crate::bonnie::Row], dir: &Path) -> Result<()> {
+    use crate::bonnie::COLUMNS;
+    let ok: Vec<&crate::bonnie::Row> = rows.iter().filter(|r| r.runs > 0).collect();
+    let mut groups: Vec<(String, String, Vec<&crate::bonnie::Row>, bool)> = Vec::new();
+    let mut methods: Vec<&str> = Vec::new();
+    for r in &ok {
+        if !methods.contains(&r.method.as_str()) {
+            methods.push(&r.method);
+        }
+    }
+    for m in methods {
+        let g: Vec<_> = ok.iter().copied().filter(|r| r.method == m).collect();
+        groups.push((
+            format!("method-{}", m.replace(':', "")),
+            format!("method {m}"),
+            g,
+            true,
+        ));
+    }
+    for fs in ["compfs", "btrfs"] {
+        let g: Vec<_> = ok.iter().copied().filter(|r| r.fs == fs).collect();
+        if g.len() > 1 {
+            groups.push((format!("fs-{fs}"), fs.to_string(), g, false));
+        }
+    }
+    let io: Vec<usize> = (0..5).collect();
+    let files: Vec<usize> = (6..12).collect();
+    let all: Vec<usize> = (0..12).collect();
+    for (file, title, g, by_fs) in groups {
+        let label = |r: &crate::bonnie::Row| {
+            if by_fs {
+                r.fs.clone()
+            } else {
+                r.method.clone()
+            }
+        };
+        let series = |cols: &[usize], cpu: bool, scale: f64| -> Vec<BarSeries> {
+            g.iter()
+                .map(|r| BarSeries {
+                    label: format!(
+                        "{}{}",
+                        label(r),
+                        r.ratio
+                            .map_or(String::new(), |x| format!(" (ratio {x:.2})"))
+                    ),
+                    bars: cols
+                        .iter()
+                        .map(|&i| {
+                            let c = r.columns.get(i)?;
+                            let s = if cpu { c.cpu } else { c.value }?;
+                            Some((s.mean / scale, s.min / scale, s.max / scale))
+                        })
+                        .collect(),
+                    stacked: cols
+                        .iter()
+                        .map(|&i| {
+                            cpu.then(|| r.columns.get(i)?.daemon_cpu.map(|d| d.mean))
+                                .flatten()
+                        })
+                        .collect(),
+                })
+                .collect()
+        };
+        let names =
+            |cols: &[usize]| -> Vec<&str> { cols.iter().map(|&i| COLUMNS[i].label).collect() };
+        grouped_bars(
+            &dir.join(format!("{file}-throughput.svg")),
+            &format!("Bonnie++ throughput, {title} (MiB/s, more is better)"),
+            "MiB/s (log)",
+            &names(&io),
+            &series(&io, false, 1024.0),
+            true,
+        )?;
+        grouped_bars(
+            &dir.join(format!("{file}-cpu.svg")),
+            &format!("Bonnie++ CPU, {title} (%, less is better; lighter: compfs daemon's)"),
+            "CPU %",
+            &names(&all),
+            &series(&all, true, 1.0),
+            false,
+        )?;
+        // +++++ everywhere (a fast file system with few files) leaves nothing to draw.
+        let f = series(&files, false, 1.0);
+        if f.iter().any(|s| s.bars.iter().any(Option::is_some)) {
+            grouped_bars(
+                &dir.join(format!("{file}-files.svg")),
+                &format!("Bonnie++ files, {title} (per second, more is better)"),
+                "files/s (log)",
+                &names(&files),
+                &f,
+                true,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,8 @@ enum BenchCommand {
     Codecs(compfs_bench::codecs::Args),
     /// The filesystem against kernel btrfs: copy/read MB/s and ratio per method, untar, fio.
     Fs(compfs_bench::fs::Args),
+    /// Bonnie++ on compfs per method, kernel btrfs per method, ext4 and xfs (seed 004).
+    Bonnie(compfs_bench::bonnie::Args),
     /// compfs blk against kernel zram and nbdkit memory: ratio, memory, fio IOPS.
     Blk(compfs_bench::blk::Args),
     /// The store: sequential write speed vs single-thread compression, GC, random 4K overwrites.
@@ -69,6 +71,7 @@ fn bench(b: BenchCommand) -> anyhow::Result<ExitCode> {
     match b {
         BenchCommand::Codecs(a) => compfs_bench::codecs::run(a),
         BenchCommand::Fs(a) => compfs_bench::fs::run(a),
+        BenchCommand::Bonnie(a) => compfs_bench::bonnie::run(a),
         BenchCommand::Blk(a) => compfs_bench::blk::run(a),
         BenchCommand::Store(a) => compfs_bench::store::run(a),
         BenchCommand::Heuristic(a) => compfs_bench::heuristic::run(a),
