@@ -99,6 +99,8 @@ pub(crate) struct Inner {
     pub tuning: Tuning,
     pub read_only_open: bool,
     pub policy: RwLock<(CodecSpec, Mode)>,
+    /// The worth-it rule of this open ([`OpenOptions::min_saving`]).
+    pub min_saving: compfs_codec::MinSaving,
     pub ro: Mutex<Option<String>>,
     pub ro_flag: AtomicBool,
     pub files: Mutex<HashMap<Ino, Arc<Mutex<FileState>>>>,
@@ -316,6 +318,7 @@ impl Store {
             db,
             read_only_open: opts.read_only,
             policy: RwLock::new(policy),
+            min_saving: opts.min_saving,
             ro: Mutex::new(None),
             ro_flag: AtomicBool::new(false),
             files: Mutex::new(HashMap::new()),
