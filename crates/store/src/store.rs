@@ -22,7 +22,10 @@ use crate::background::Threads;
 use crate::error::{Error, Result};
 use crate::file::FileState;
 use crate::meta::{self, W};
-use crate::open::{check_identity, meta_db, open_db_with, random_uuid, read_superblock, sync_dir};
+use crate::open::{
+    check_identity, meta_db, open_db_with, random_uuid, read_superblock, upgrade_format,
+    write_superblock,
+};
 use crate::pool::Pool;
 use crate::records::{
     parse_segment_file_name, InodeRec, Superblock, FORMAT_VERSION, META_FILE, SEGMENT_DIR,
@@ -37,8 +40,9 @@ use crate::types::*;
 pub struct Tuning {
     /// Segment file size at which a new segment starts (stored in the superblock at creation).
     pub segment_size: u64,
-    /// Largest regular file kept inline in its inode record (stored at creation; btrfs
-    /// `max_inline` default 2048).
+    /// Largest regular file kept inline in its inode record (stored at creation). 2048, as
+    /// btrfs's `max_inline`, but chosen by measurement: with inline data compressed, larger
+    /// limits made `meta.redb` grow by more than the segments shrank (docs/benchmarks.md).
     pub inline_max: u32,
     /// Background flush interval; `None` disables the flusher thread.
     pub flush_interval: Option<Duration>,
@@ -258,15 +262,7 @@ impl Store {
         }
         // The superblock is written last, atomically: a directory with a superblock holds a
         // complete store.
-        let tmp = dir.join(format!("{SUPERBLOCK_FILE}.tmp"));
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&sb.encode())?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
-        sync_dir(dir)?;
+        write_superblock(dir, &sb)?;
         Store::open_tuned(dir, &OpenOptions::default(), tuning)
     }
 
@@ -278,7 +274,7 @@ impl Store {
     /// [`Store::open`] with [`Tuning`] (its `segment_size` and `inline_max` are ignored: the
     /// superblock's values apply).
     pub fn open_tuned(dir: &Path, opts: &OpenOptions, mut tuning: Tuning) -> Result<Store> {
-        let sb = read_superblock(dir)?;
+        let mut sb = read_superblock(dir)?;
         // Every segment sync is watched (a failure fences redb's header, see `SegSync`).
         let seg_sync = Arc::new(SegSync::default());
         tuning.backend = seg_sync.watch(tuning.backend.clone());
@@ -289,6 +285,9 @@ impl Store {
             Some(seg_sync.clone()),
         )?;
         check_identity(dir, &db, &sb)?;
+        if !opts.read_only {
+            upgrade_format(dir, &db, &mut sb)?;
+        }
         let seg_dir = dir.join(SEGMENT_DIR);
         // Segment ids continue after every id in the metadata or on disk.
         let mut next_id = 1u64;
