@@ -415,7 +415,35 @@ impl Store {
                 .and_then(|_| self.inner.commit_durable())
         };
         self.inner.pool.shutdown();
+        if r.is_ok() && !self.inner.read_only_open && !self.inner.ro_flag.load(Ordering::SeqCst) {
+            self.compact_meta();
+        }
         r
+    }
+
+    /// Compacts `meta.redb` after a clean close. redb splits full B-tree pages in halves and
+    /// keeps freed pages in the file, so a file written by many small commits ends up 1.6-2.6
+    /// times the bytes it stores (the /usr/include copy: 5.0-8.4 MB for 3.2 MB of records,
+    /// depending on commit timing); compaction moves the live pages to the front and trims the
+    /// file (5.1 MB). Everything is durable before it starts, and each of its steps is a
+    /// durable redb commit, so a crash during it loses nothing. A failure only leaves the file
+    /// larger: it is logged, not returned. Skipped if another handle to the store's state is
+    /// still alive (compaction needs the database to itself).
+    fn compact_meta(&mut self) {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return;
+        };
+        let start = Instant::now();
+        match inner.db.compact() {
+            Ok(_) => tracing::debug!(
+                "compfs: metadata compacted in {:.2} s",
+                start.elapsed().as_secs_f64()
+            ),
+            Err(e) => tracing::warn!(
+                "compfs store {}: compacting the metadata failed (it stays larger): {e}",
+                inner.dir.display()
+            ),
+        }
     }
 
     /// Space of the filesystem holding the store.
