@@ -248,6 +248,8 @@ pub struct Usage {
     pub refs: u64,
     /// Files whose data is inline in the metadata.
     pub inline: u64,
+    /// Bytes of that inline data (also counted under its codec in `per_codec`).
+    pub inline_bytes: CodecUsage,
     /// Keyed by codec name: "none", "zlib", "lzo", "zstd", "lz4".
     pub per_codec: BTreeMap<String, CodecUsage>,
     /// The same figures keyed by codec and level as stored per extent: "zstd:1", "zstd:9",

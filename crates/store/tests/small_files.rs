@@ -84,7 +84,7 @@ fn patch_inode(dir: &std::path::Path, ino: Ino, f: impl FnOnce(&mut format::Inod
 
 /// Small files are inline, compressed with the file's codec when that is shorter, and
 /// checksummed: a damaged byte of the stored bytes, or of the checksum, gives EIO for that file
-/// only (never other bytes), fsck reports it, and `fsck --repair` leaves the rest readable.
+/// only (never other bytes), and fsck reports it.
 #[test]
 fn inline_data_is_compressed_checksummed_and_damage_is_eio() {
     let t = tempfile::tempdir().unwrap();

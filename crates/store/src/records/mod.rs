@@ -9,8 +9,6 @@ use crate::types::{FileKind, Timestamp};
 /// Current store format version. Version 2 (issue 16) adds a checksum to inline data and a
 /// leaner inode record; version-1 stores open and are upgraded when opened for writing.
 pub const FORMAT_VERSION: u32 = 2;
-/// The format version that introduced checksummed inline data and inode record version 2.
-pub const FORMAT_V2: u32 = 2;
 /// Name of the superblock file inside the store directory.
 pub const SUPERBLOCK_FILE: &str = "compfs.super";
 /// Name of the metadata database inside the store directory.
