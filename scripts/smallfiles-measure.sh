@@ -23,7 +23,7 @@ for arg in "$@"; do
   zstd)
     sum=0; while IFS= read -r -d '' f; do n=$(zstd -3 -c -q "$f" | wc -c); sum=$((sum + n)); done < <(find "$tree" -type f -print0)
     echo "each file alone, zstd -3: $sum bytes"
-    find "$tree" -type f | shuf -n 2000 --random-source=<(yes) > "$work/sample.list"
+    find "$tree" -type f | sort | shuf -n 2000 --random-source=<(yes) > "$work/sample.list" || true
     zstd -q -f --train $(cat "$work/sample.list") -o "$work/dict" 2>/dev/null
     sum=0; while IFS= read -r -d '' f; do n=$(zstd -3 -c -q -D "$work/dict" "$f" | wc -c); sum=$((sum + n)); done < <(find "$tree" -type f -print0)
     echo "each file alone, zstd -3 with a dictionary trained on 2,000 files: $sum bytes (+ dictionary $(stat -c %s "$work/dict"))" ;;
@@ -39,7 +39,7 @@ for arg in "$@"; do
     echo "compfs $label: store after unmount $all bytes (segments $seg, meta.redb $meta; $mounted while mounted); cp -r + sync $(echo "$e - $s" | bc) s"
     "$bin" mount -o compress=zstd:3 "$st" "$mnt"
     dc; s=$(date +%s.%N); tar c -C "$mnt" t | cat > /dev/null; e=$(date +%s.%N)
-    one=$(find "$mnt/t" -type f | head -500 | tail -1)
+    one=$(find "$mnt/t" -type f -size -3k -print -quit)
     dc; s2=$(date +%s%N); cat "$one" > /dev/null; e2=$(date +%s%N)
     echo "compfs $label: cold tar c | cat $(echo "$e - $s" | bc) s; cold read of one small file $(( (e2 - s2) / 1000 )) us"
     "$bin" usage "$mnt/t" | sed "s/^/  /"
