@@ -430,7 +430,7 @@ zstd:15     17%      4.0M          24M          24M       \n",
         let out = r.render(true);
         assert_eq!(
             out.lines().last().unwrap(),
-            "inline     33%      1000         3000         3000        "
+            "inline      33%     1000         3000         3000        "
         );
         assert_eq!(UsageReport::from_record(&r.to_record()).unwrap(), r);
         let mut m = r.clone();
