@@ -31,13 +31,13 @@ for arg in "$@"; do
     bin=${arg%%:*}; label=${arg#*:}; st=$work/store-$label; mnt=$work/mnt-$label
     rm -rf "$st"; mkdir -p "$mnt"
     "$bin" mkfs "$st" >/dev/null
-    "$bin" mount -o compress=zstd:3 "$st" "$mnt"
+    "$bin" mount --log "$work/compfs-$label.log" -o compress=zstd:3 "$st" "$mnt"
     s=$(date +%s.%N); cp -r "$tree" "$mnt/t"; sync -f "$mnt"; e=$(date +%s.%N)
     mounted=$(du -sb "$st" | cut -f1)
     "$bin" umount "$mnt"
     seg=$(du -sb "$st/segments" | cut -f1); meta=$(stat -c %s "$st/meta.redb"); all=$(du -sb "$st" | cut -f1)
     echo "compfs $label: store after unmount $all bytes (segments $seg, meta.redb $meta; $mounted while mounted); cp -r + sync $(echo "$e - $s" | bc) s"
-    "$bin" mount -o compress=zstd:3 "$st" "$mnt"
+    "$bin" mount --log "$work/compfs-$label.log" -o compress=zstd:3 "$st" "$mnt"
     dc; s=$(date +%s.%N); tar c -C "$mnt" t | cat > /dev/null; e=$(date +%s.%N)
     one=$(find "$mnt/t" -type f -size -3k -print -quit)
     dc; s2=$(date +%s%N); cat "$one" > /dev/null; e2=$(date +%s%N)
