@@ -84,7 +84,7 @@ fn patch_inode(dir: &std::path::Path, ino: Ino, f: impl FnOnce(&mut format::Inod
 
 /// Small files are inline, compressed with the file's codec when that is shorter, and
 /// checksummed: a damaged byte of the stored bytes, or of the checksum, gives EIO for that file
-/// only (never other bytes), and fsck reports it.
+/// only (never other bytes), fsck reports it, and `fsck --repair` drops it.
 #[test]
 fn inline_data_is_compressed_checksummed_and_damage_is_eio() {
     let t = tempfile::tempdir().unwrap();
@@ -123,6 +123,17 @@ fn inline_data_is_compressed_checksummed_and_damage_is_eio() {
             other => panic!("damaged inline data read as {other:?}"),
         }
     }
+    assert_eq!(read_all(&s, b).unwrap(), &text[..900]);
+    s.close().unwrap();
+    // Repair drops the damaged inline data, as it drops a corrupt extent's map entries: the
+    // files keep their size and read as zeros; the rest is untouched.
+    let r = fsck(&dir, true, &mut |_, _| {}).unwrap();
+    assert_eq!(r.unrepaired(), 0, "{:#?}", r.problems);
+    let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let s = open(&dir, tuning());
+    assert_eq!(read_all(&s, a).unwrap(), vec![0u8; 1500]);
+    assert_eq!(read_all(&s, c).unwrap(), vec![0u8; 1000]);
     assert_eq!(read_all(&s, b).unwrap(), &text[..900]);
     s.close().unwrap();
 }

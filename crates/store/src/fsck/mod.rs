@@ -180,6 +180,8 @@ struct Fixes {
     free_inodes: Vec<Ino>,
     remove_map: Vec<(Ino, u64)>,
     remove_extents: Vec<u64>,
+    /// Regular files whose inline data is damaged: dropped (the range reads as zeros).
+    drop_inline: Vec<Ino>,
     set_nlink: Vec<(Ino, u32)>,
     set_refs: Vec<(u64, u32)>,
     set_disk: Vec<(Ino, u64)>,
