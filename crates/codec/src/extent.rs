@@ -13,7 +13,13 @@ use crate::spec::{CodecSpec, Mode};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MinSaving {
     /// btrfs: after rounding both lengths up to 4 KiB sectors, at least this many sectors saved.
+    /// The right rule for a store that allocates whole sectors; compfs's store offers it for
+    /// btrfs-identical accounting (`worth_it=sector`).
     Sectors(u32),
+    /// Byte-packed storage (the compfs store, whose extents lie back to back in segments with
+    /// the same header whether compressed or not): the compressed form must be at least this
+    /// many bytes shorter than the input.
+    Bytes(u32),
     /// ZFS: the compressed length must be at most `len - len / div` (ZFS uses div 8, 12.5%).
     Fraction { div: u32 },
 }
@@ -31,6 +37,7 @@ pub fn worth_it(raw_len: usize, compressed_len: usize, min_saving: MinSaving) ->
             let round = |x: usize| x.div_ceil(SECTOR) * SECTOR;
             round(compressed_len) + n as usize * SECTOR <= round(raw_len)
         }
+        MinSaving::Bytes(n) => compressed_len.saturating_add(n.max(1) as usize) <= raw_len,
         MinSaving::Fraction { div } => {
             let div = div.max(1) as usize;
             compressed_len <= raw_len - raw_len / div
@@ -152,6 +159,48 @@ mod tests {
             assert!(matches!(
                 e.encode(&p, &two, &mut dst).unwrap(),
                 ExtentOutcome::Compressed { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn byte_rule() {
+        let b = MinSaving::Bytes(1);
+        assert!(worth_it(4096, 4095, b));
+        assert!(!worth_it(4096, 4096, b));
+        assert!(worth_it(600, 300, b)); // below a sector: the sector rule never compresses it
+        assert!(!worth_it(600, 300, MinSaving::Sectors(1)));
+        assert!(!worth_it(1, 1, b));
+        assert!(!worth_it(0, 0, b));
+        // 0 means the same as 1: a compressed form must be strictly shorter.
+        assert!(!worth_it(100, 100, MinSaving::Bytes(0)));
+        let b64 = MinSaving::Bytes(64);
+        assert!(worth_it(1000, 936, b64));
+        assert!(!worth_it(1000, 937, b64));
+        assert!(!worth_it(10, 0, b64));
+    }
+
+    #[test]
+    fn small_text_compresses_under_the_byte_rule_only() {
+        let mut e = ExtentEncoder::new();
+        let text = compfs_testdata::text(2000, 3);
+        let mut dst = Vec::new();
+        for mode in [Mode::Force, Mode::Heuristic] {
+            let mut p = ExtentPolicy::new(CodecSpec::default_for(Algorithm::Zstd), mode);
+            assert_eq!(
+                e.encode(&p, &text, &mut dst).unwrap(),
+                ExtentOutcome::Raw(RawReason::NotWorthIt)
+            );
+            p.min_saving = MinSaving::Bytes(1);
+            match e.encode(&p, &text, &mut dst).unwrap() {
+                ExtentOutcome::Compressed { len } => assert!(len < text.len() && len == dst.len()),
+                o => panic!("{o:?}"),
+            }
+            // Random bytes stay raw under the byte rule too.
+            let random = compfs_testdata::random(2000, 4);
+            assert!(matches!(
+                e.encode(&p, &random, &mut dst).unwrap(),
+                ExtentOutcome::Raw(_)
             ));
         }
     }

@@ -63,6 +63,7 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
         read_only: o.read_only,
         policy: o.policy,
         cache_bytes: o.cache_bytes,
+        min_saving: o.min_saving,
         ..OpenOptions::default()
     };
     if let Some(n) = o.workers {

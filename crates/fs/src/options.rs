@@ -5,7 +5,7 @@
 //! means zlib at level 3. Options that `mount(8)` and fstab add (`defaults`, `noauto`, `user`,
 //! `_netdev`, `x-*`, ...) are accepted and ignored, as every `mount.fuse` helper does.
 
-use compfs_codec::{bare_compress, CodecSpec, LevelAdjustment, Mode};
+use compfs_codec::{bare_compress, CodecSpec, LevelAdjustment, MinSaving, Mode};
 
 use crate::atime::{AtimeMode, AtimePolicy};
 use crate::error::OptionError;
@@ -58,6 +58,10 @@ pub struct MountOptions {
     /// `acl` (default, as ext4 and btrfs) / `noacl`: POSIX ACLs enforced and kept in step with
     /// the mode ([`crate::acl`]); with `noacl` the ACL xattrs are refused (EOPNOTSUPP).
     pub acl: bool,
+    /// `worth_it=bytes` (default) / `worth_it=sector`: when a compressed extent is kept
+    /// ([`compfs_codec::MinSaving`]): when it is shorter than the raw bytes, or, as btrfs, when
+    /// it saves a whole 4 KiB sector.
+    pub min_saving: MinSaving,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
 }
@@ -93,6 +97,7 @@ impl Default for MountOptions {
             flags: Vec::new(),
             atime: AtimePolicy::default(),
             acl: true,
+            min_saving: compfs_store::DEFAULT_MIN_SAVING,
             warnings: Vec::new(),
         }
     }
@@ -155,7 +160,8 @@ const BTRFS_ONLY: &[&str] = &[
 pub const VALID_OPTIONS: &str =
     "compress, compress=ALG[:LEVEL], compress=no, compress-force[=ALG[:LEVEL]], \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
-nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl";
+nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl, \
+worth_it=bytes, worth_it=sector";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -246,6 +252,14 @@ impl MountOptions {
             ("diratime", None) => self.atime.nodiratime = false,
             ("acl", None) => self.acl = true,
             ("noacl", None) => self.acl = false,
+            ("worth_it", Some("bytes")) => self.min_saving = compfs_store::DEFAULT_MIN_SAVING,
+            ("worth_it", Some("sector")) => self.min_saving = MinSaving::Sectors(1),
+            ("worth_it", _) => {
+                return Err(OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: "worth_it=bytes or worth_it=sector",
+                })
+            }
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
             // As ext4: the kernel gets SB_LAZYTIME (see docs/kernel-features.md).
@@ -301,6 +315,9 @@ impl MountOptions {
             parts.push("allow_other".into());
         }
         parts.push(format!("cache={}K", self.cache_bytes >> 10));
+        if let MinSaving::Sectors(_) = self.min_saving {
+            parts.push("worth_it=sector".into());
+        }
         parts.join(",")
     }
 }
@@ -365,6 +382,21 @@ mod tests {
     fn acl_is_the_default_and_noacl_turns_it_off() {
         assert!(parse("").unwrap().acl);
         assert!(!parse("noacl").unwrap().acl);
+        assert_eq!(parse("rw").unwrap().min_saving, MinSaving::Bytes(1));
+        assert_eq!(
+            parse("worth_it=sector").unwrap().min_saving,
+            MinSaving::Sectors(1)
+        );
+        assert_eq!(
+            parse("worth_it=sector,worth_it=bytes").unwrap().min_saving,
+            MinSaving::Bytes(1)
+        );
+        for bad in ["worth_it", "worth_it=4k", "worth_it=Sector"] {
+            assert!(
+                matches!(parse(bad), Err(OptionError::BadValue { .. })),
+                "{bad}"
+            );
+        }
         assert!(parse("noacl,acl").unwrap().acl);
         assert!(matches!(parse("acl=1"), Err(OptionError::Unknown { .. })));
     }

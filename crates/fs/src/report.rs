@@ -49,6 +49,11 @@ pub fn report_from_usage(u: &Usage) -> UsageReport {
         regular_extents: u.regular_extents,
         refs: u.refs,
         inline: u.inline,
+        inline_bytes: Figures {
+            disk: u.inline_bytes.disk,
+            uncompressed: u.inline_bytes.uncompressed,
+            referenced: u.inline_bytes.referenced,
+        },
         per_codec: u
             .per_codec
             .iter()

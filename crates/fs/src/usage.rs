@@ -36,6 +36,9 @@ pub struct UsageReport {
     pub regular_extents: u64,
     pub refs: u64,
     pub inline: u64,
+    /// Bytes of the inline data (inside the metadata; also counted in their codec's row),
+    /// printed as their own `inline` row after the codec rows.
+    pub inline_bytes: Figures,
     /// Per codec name (`none`, `zlib`, `lzo`, `zstd`, `lz4`).
     pub per_codec: BTreeMap<String, Figures>,
     /// Per codec and level as recorded per extent (`zstd:1`, `zlib:9`; codecs without levels
@@ -66,6 +69,7 @@ impl UsageReport {
         self.regular_extents += o.regular_extents;
         self.refs += o.refs;
         self.inline += o.inline;
+        self.inline_bytes.add(&o.inline_bytes);
         for (k, f) in &o.per_codec {
             self.per_codec.entry(k.clone()).or_default().add(f);
         }
@@ -144,6 +148,9 @@ impl UsageReport {
         for (name, f) in self.level_rows() {
             row(&mut out, name, &f);
         }
+        if self.inline_bytes != Figures::default() {
+            row(&mut out, "inline", &self.inline_bytes);
+        }
         out
     }
 
@@ -164,6 +171,14 @@ impl UsageReport {
             let _ = writeln!(
                 s,
                 "level {k} {} {} {}",
+                f.disk, f.uncompressed, f.referenced
+            );
+        }
+        let f = &self.inline_bytes;
+        if *f != Figures::default() {
+            let _ = writeln!(
+                s,
+                "inline-bytes {} {} {}",
                 f.disk, f.uncompressed, f.referenced
             );
         }
@@ -190,6 +205,13 @@ impl UsageReport {
                 ["extents", n] => (r.regular_extents, seen[1]) = (num(n)?, true),
                 ["refs", n] => (r.refs, seen[2]) = (num(n)?, true),
                 ["inline", n] => (r.inline, seen[3]) = (num(n)?, true),
+                ["inline-bytes", d, u, rf] => {
+                    r.inline_bytes = Figures {
+                        disk: num(d)?,
+                        uncompressed: num(u)?,
+                        referenced: num(rf)?,
+                    }
+                }
                 ["codec", name, d, u, rf] if !name.is_empty() => {
                     let f = Figures {
                         disk: num(d)?,
@@ -268,6 +290,7 @@ mod tests {
             regular_extents: 525,
             refs: 525,
             inline: 0,
+            inline_bytes: Figures::default(),
             per_codec: BTreeMap::new(),
             per_level: BTreeMap::new(),
         };
@@ -393,6 +416,32 @@ zstd:15     17%      4.0M          24M          24M       \n",
         assert_eq!(a.files, 16);
         assert_eq!(a.refs, 1050);
         assert_eq!(a.total().disk, 72 * MIB);
+    }
+
+    #[test]
+    fn inline_bytes_have_their_own_row_and_record_line() {
+        let mut r = sample();
+        r.inline = 3;
+        r.inline_bytes = Figures {
+            disk: 1000,
+            uncompressed: 3000,
+            referenced: 3000,
+        };
+        let out = r.render(true);
+        assert_eq!(
+            out.lines().last().unwrap(),
+            "inline      33%     1000         3000         3000        "
+        );
+        assert_eq!(UsageReport::from_record(&r.to_record()).unwrap(), r);
+        let mut m = r.clone();
+        m.merge(&r);
+        assert_eq!(m.inline_bytes.disk, 2000);
+        // No inline data: no row.
+        assert!(!sample().render(true).contains("inline "));
+        let bad = String::from_utf8(r.to_record())
+            .unwrap()
+            .replace("inline-bytes 1000", "inline-bytes x");
+        assert!(UsageReport::from_record(bad.as_bytes()).is_err());
     }
 
     #[test]

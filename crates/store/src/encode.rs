@@ -141,12 +141,12 @@ pub(crate) fn encode_block(
                         off: 0,
                         full: true,
                         len,
-                        out: Out::Inline(Inline {
-                            codec: policy.spec.algorithm().id(),
-                            level: policy.spec.level() as i8,
-                            raw_len: len as u32,
-                            bytes: dst,
-                        }),
+                        out: Out::Inline(Inline::new(
+                            policy.spec.algorithm().id(),
+                            policy.spec.level() as i8,
+                            len as u32,
+                            dst,
+                        )),
                     };
                 }
             }
@@ -156,12 +156,7 @@ pub(crate) fn encode_block(
             off: 0,
             full: true,
             len,
-            out: Out::Inline(Inline {
-                codec: 0,
-                level: 0,
-                raw_len: len as u32,
-                bytes: src.to_vec(),
-            }),
+            out: Out::Inline(Inline::new(0, 0, len as u32, src.to_vec())),
         };
     }
     let (outcome, dst) = SCRATCH.with(|scratch| {

@@ -154,7 +154,11 @@ impl Inner {
                 .unwrap_or(spec),
             None => spec,
         };
-        Ok(ExtentPolicy::new(spec, mode))
+        Ok(ExtentPolicy {
+            spec,
+            mode,
+            min_saving: self.min_saving,
+        })
     }
 
     pub(crate) fn ensure_dirty<'a>(

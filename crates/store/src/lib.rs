@@ -70,7 +70,7 @@ pub mod format {
     };
 }
 
-pub use compfs_codec::{CodecSpec, Mode};
+pub use compfs_codec::{CodecSpec, MinSaving, Mode};
 pub use defrag::{DefragReport, DefragTarget};
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckProblem, FsckReport, ProblemKind};

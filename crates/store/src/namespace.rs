@@ -168,12 +168,8 @@ impl Inner {
                 parent: if kind == FileKind::Dir { parent } else { 0 },
                 next_seq: 0,
                 disk_bytes: 0,
-                inline: target.map(|t| crate::records::Inline {
-                    codec: 0,
-                    level: 0,
-                    raw_len: t.len() as u32,
-                    bytes: t.to_vec(),
-                }),
+                inline: target
+                    .map(|t| crate::records::Inline::new(0, 0, t.len() as u32, t.to_vec())),
             };
             w.put_inode(ino, &rec)?;
             if matches!(kind, FileKind::File | FileKind::Dir) {

@@ -154,6 +154,44 @@ pub(crate) fn meta_db(
     b.create_with_backend(MetaFile::new(f, faults.cloned(), gate)?)
 }
 
+/// Writes the superblock atomically: temp file, fsync, rename, fsync of the directory.
+pub(crate) fn write_superblock(dir: &Path, sb: &Superblock) -> Result<()> {
+    let tmp = dir.join(format!("{SUPERBLOCK_FILE}.tmp"));
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&sb.encode())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
+    sync_dir(dir)
+}
+
+/// Upgrades an older store that is about to be written to the current format version, before
+/// anything in the new format is written: the `format` value of the metadata (one durable
+/// commit), then the superblock (atomically). Every structure of the older version stays valid
+/// in the new one (readers decode both record versions), so nothing else is rewritten; a
+/// crash between the two steps leaves a store that this version opens and upgrades again.
+pub(crate) fn upgrade_format(dir: &Path, db: &Database, sb: &mut Superblock) -> Result<()> {
+    if sb.version >= FORMAT_VERSION {
+        return Ok(());
+    }
+    let txn = db.begin_write()?;
+    {
+        let mut t = txn.open_table(meta::META)?;
+        t.insert("format", FORMAT_VERSION.to_le_bytes().as_slice())?;
+    }
+    txn.commit()?;
+    let old = sb.version;
+    sb.version = FORMAT_VERSION;
+    write_superblock(dir, sb)?;
+    tracing::info!(
+        "compfs: store {} upgraded from format version {old} to {FORMAT_VERSION}",
+        dir.display()
+    );
+    Ok(())
+}
+
 /// Checks that the metadata belongs to the superblock's store.
 pub(crate) fn check_identity(dir: &Path, db: &Database, sb: &Superblock) -> Result<()> {
     let bad = |reason: &str| Error::NotAStore {

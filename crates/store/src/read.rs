@@ -24,14 +24,28 @@ thread_local! {
     static RAW_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Checks inline data against its checksum and decodes it: a mismatch, or stored bytes that do
+/// not decode to exactly the uncompressed length, is `Error::Corrupt` (EIO) and one log line,
+/// as for an extent.
 pub(crate) fn decode_inline(ino: Ino, i: &Inline) -> Result<Vec<u8>> {
-    let corrupt = |detail: String| Error::Corrupt {
-        ino,
-        offset: 0,
-        segment: 0,
-        seg_offset: 0,
-        detail: format!("inline data: {detail}"),
+    let corrupt = |detail: String| {
+        let err = Error::Corrupt {
+            ino,
+            offset: 0,
+            segment: 0,
+            seg_offset: 0,
+            detail: format!("inline data: {detail}"),
+        };
+        tracing::error!("compfs: {err}");
+        err
     };
+    let crc = crc32c::crc32c(&i.bytes);
+    if crc != i.crc {
+        return Err(corrupt(format!(
+            "checksum mismatch (stored {:08x}, computed {crc:08x})",
+            i.crc
+        )));
+    }
     if i.codec == 0 {
         if i.bytes.len() != i.raw_len as usize {
             return Err(corrupt("raw inline length mismatch".into()));

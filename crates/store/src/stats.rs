@@ -160,6 +160,7 @@ impl Store {
                     .entry(codec_level_label(i.codec, i.level))
                     .or_default()
                     .add(&f);
+                u.inline_bytes.add(&f);
             }
             for r in map.range((ino, 0)..=(ino, u64::MAX))? {
                 let (_, v) = r?;

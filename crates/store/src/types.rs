@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use compfs_codec::{CodecSpec, Mode, DEFAULT_EXTENT};
+use compfs_codec::{CodecSpec, MinSaving, Mode, DEFAULT_EXTENT};
 
 /// Inode number. The root directory is [`ROOT_INO`].
 pub type Ino = u64;
@@ -180,7 +180,15 @@ pub struct OpenOptions {
     pub cache_bytes: usize,
     /// Compression worker threads (default: number of cores).
     pub threads: usize,
+    /// When a compressed extent is kept: [`MinSaving::Bytes`] (the default: it must be shorter
+    /// than the raw bytes, since extents are packed byte by byte) or [`MinSaving::Sectors`]
+    /// (btrfs's rule, for btrfs-identical accounting; mount option `worth_it=sector`).
+    pub min_saving: MinSaving,
 }
+
+/// The store's default worth-it rule: a compressed extent is kept when it is at least one byte
+/// shorter than its input (both forms carry the same extent header).
+pub const DEFAULT_MIN_SAVING: MinSaving = MinSaving::Bytes(1);
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -191,6 +199,7 @@ impl Default for OpenOptions {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2),
+            min_saving: DEFAULT_MIN_SAVING,
         }
     }
 }
@@ -239,6 +248,8 @@ pub struct Usage {
     pub refs: u64,
     /// Files whose data is inline in the metadata.
     pub inline: u64,
+    /// Bytes of that inline data (also counted under its codec in `per_codec`).
+    pub inline_bytes: CodecUsage,
     /// Keyed by codec name: "none", "zlib", "lzo", "zstd", "lz4".
     pub per_codec: BTreeMap<String, CodecUsage>,
     /// The same figures keyed by codec and level as stored per extent: "zstd:1", "zstd:9",

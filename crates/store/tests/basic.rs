@@ -272,8 +272,21 @@ fn frozen_v1_fixture_opens() {
     copy_dir(src, &dir);
     let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
     assert!(r.is_clean(), "{:#?}", r.problems);
-    let s = Store::open(&dir, &OpenOptions::default()).unwrap();
+    // Opened read-only it stays a version-1 store...
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let s = Store::open(&dir, &ro).unwrap();
     assert_eq!(s.superblock().version, 1);
+    assert_eq!(
+        read_all(&s, s.lookup(ROOT_INO, b"small").unwrap().ino),
+        b"inline data"
+    );
+    s.close().unwrap();
+    // ...opened for writing it is upgraded to the current version before anything is written.
+    let s = Store::open(&dir, &OpenOptions::default()).unwrap();
+    assert_eq!(s.superblock().version, compfs_store::format::FORMAT_VERSION);
     assert_eq!(s.extent_size(), 16384);
     let (want_text, want_rand) = fixture_data();
     let a = s.lookup(ROOT_INO, b"text").unwrap();
@@ -295,6 +308,21 @@ fn frozen_v1_fixture_opens() {
         u.per_codec.contains_key("zstd") && u.per_codec.contains_key("none"),
         "{u:?}"
     );
+    // Version-1 records next to new ones: a new inline file, an old inline file rewritten.
+    let n = s
+        .mknod(ROOT_INO, b"new", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(n.ino, 0, &want_text[..1500]).unwrap();
+    s.write(small.ino, 0, b"INLINE").unwrap();
+    s.close().unwrap();
+    let rep = fsck(&dir, false, &mut |_, _| {}).unwrap();
+    assert!(rep.is_clean(), "{:#?}", rep.problems);
+    let s = Store::open(&dir, &ro).unwrap();
+    assert_eq!(s.superblock().version, compfs_store::format::FORMAT_VERSION);
+    assert_eq!(read_all(&s, n.ino), &want_text[..1500]);
+    assert_eq!(read_all(&s, small.ino), b"INLINE data");
+    assert_eq!(read_all(&s, a.ino), want_text);
+    assert_eq!(read_all(&s, r.ino), want_rand);
 }
 
 /// The frozen fixture's contents, generated here and not by compfs-testdata: they must never

@@ -276,7 +276,9 @@ fn injected_faults_turn_read_only_and_lose_nothing_acknowledged() {
             let mut failed = None;
             for round in 0..40u64 {
                 let r = s
-                    .write(b.ino, round * 9000, &pattern(9000, round))
+                    // Incompressible, so that the writes fill segments at the same pace
+                    // whatever the worth-it rule (the Create faults need new segments).
+                    .write(b.ino, round * 9000, &random(9000, round))
                     .and_then(|_| s.write(a.ino, 0, b"overwrite").map(|_| ()))
                     .and_then(|_| s.fsync(b.ino, false));
                 if let Err(e) = r {

@@ -72,18 +72,29 @@ fn reserved_bytes_must_be_zero() {
         parent: 0,
         next_seq: 0,
         disk_bytes: 0,
-        inline: Some(Inline {
-            codec: 0,
-            level: 0,
-            raw_len: 3,
-            bytes: b"abc".to_vec(),
-        }),
+        inline: Some(Inline::new(0, 0, 3, b"abc".to_vec())),
     };
+    // Version-1 inode records (format version 1).
     for i in (20..24).chain(106..108) {
-        let mut b = inode.encode();
+        let mut b = inode.encode_v1();
         assert!(InodeRec::decode(&b).is_ok());
         poke(&mut b, i, None);
-        assert!(InodeRec::decode(&b).is_err(), "inode byte {i}");
+        assert!(InodeRec::decode(&b).is_err(), "v1 inode byte {i}");
+    }
+    // Version 2: the unused presence bits (byte 72) and the inline data's reserved u16
+    // (bytes 75..77 when inline data is the only optional part).
+    let b = inode.encode();
+    assert_eq!(b[72], 8);
+    for bit in 4..8 {
+        let mut c = b.clone();
+        c[72] |= 1 << bit;
+        assert!(InodeRec::decode(&c).is_err(), "v2 presence bit {bit}");
+    }
+    for i in 75..77 {
+        let mut c = b.clone();
+        assert!(InodeRec::decode(&c).is_ok());
+        poke(&mut c, i, None);
+        assert!(InodeRec::decode(&c).is_err(), "v2 inode byte {i}");
     }
 
     let e = ExtentRec {

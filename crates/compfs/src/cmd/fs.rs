@@ -33,7 +33,9 @@ pub struct MountArgs {
         value_name = "OPTIONS",
         help = "Mount options, comma-separated, btrfs names: compress[=ALG[:LEVEL]], \
                 compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, \
-                threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime, acl (default), noacl"
+                threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime, acl (default), noacl, \
+                worth_it=bytes (default: keep an extent compressed if it is shorter) or \
+                worth_it=sector (btrfs: only if it saves a 4 KiB sector)"
     )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).

@@ -113,9 +113,13 @@ impl FsckReport {
 /// Checks the (closed) store in `dir`; with `repair`, fixes what can be fixed safely.
 /// `progress(done, total)` is called as extents and segments are verified (bytes).
 pub fn fsck(dir: &Path, repair: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckReport> {
-    let sb = read_superblock(dir)?;
+    let mut sb = read_superblock(dir)?;
     let db = open_db(dir)?;
     check_identity(dir, &db, &sb)?;
+    if repair {
+        // Repairs write records in the current format.
+        crate::open::upgrade_format(dir, &db, &mut sb)?;
+    }
     let first = check(dir, &db, &sb.uuid, repair, progress)?;
     if !repair || first.problems.is_empty() {
         return Ok(first);
@@ -178,6 +182,8 @@ struct Fixes {
     remove_map: Vec<(Ino, u64)>,
     remove_prealloc: Vec<(Ino, u64)>,
     remove_extents: Vec<u64>,
+    /// Regular files whose inline data is damaged: dropped (the range reads as zeros).
+    drop_inline: Vec<Ino>,
     set_nlink: Vec<(Ino, u32)>,
     set_refs: Vec<(u64, u32)>,
     set_disk: Vec<(Ino, u64)>,

@@ -614,6 +614,7 @@ pub(super) fn check_accounting(
                         Some(ino),
                         format!("inode {ino}: {e}"),
                     );
+                    fx.drop_inline.push(ino);
                 }
             }
         }

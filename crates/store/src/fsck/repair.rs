@@ -61,6 +61,14 @@ pub(super) fn apply(dir: &Path, db: &Database, fx: &Fixes) -> Result<()> {
                 w.put_inode(*ino, &r)?;
             }
         }
+        for ino in &fx.drop_inline {
+            // As a corrupt extent loses its map entries: the file keeps its size and the
+            // range reads as zeros; the statistics are settled by the next pass.
+            if let Ok(mut r) = w.inode(*ino) {
+                r.inline = None;
+                w.put_inode(*ino, &r)?;
+            }
+        }
         for (ino, d) in &fx.set_disk {
             if let Ok(mut r) = w.inode(*ino) {
                 r.disk_bytes = *d;

@@ -6,8 +6,9 @@ use compfs_codec::{Algorithm, CodecSpec, Mode};
 
 use crate::types::{FileKind, Timestamp};
 
-/// Current (and only) store format version.
-pub const FORMAT_VERSION: u32 = 1;
+/// Current store format version. Version 2 (issue 16) adds a checksum to inline data and a
+/// leaner inode record; version-1 stores open and are upgraded when opened for writing.
+pub const FORMAT_VERSION: u32 = 2;
 /// Name of the superblock file inside the store directory.
 pub const SUPERBLOCK_FILE: &str = "compfs.super";
 /// Name of the metadata database inside the store directory.
@@ -395,7 +396,24 @@ pub struct Inline {
     pub codec: u8,
     pub level: i8,
     pub raw_len: u32,
+    /// CRC-32C of `bytes` (the stored bytes). Version-2 records store it; for a version-1
+    /// record, which has none, it is computed when the record is decoded.
+    pub crc: u32,
     pub bytes: Vec<u8>,
+}
+
+impl Inline {
+    /// Inline data stored as `bytes` (compressed with `codec` at `level`, or raw for codec 0),
+    /// with its checksum.
+    pub fn new(codec: u8, level: i8, raw_len: u32, bytes: Vec<u8>) -> Inline {
+        Inline {
+            codec,
+            level,
+            raw_len,
+            crc: crc32c::crc32c(&bytes),
+            bytes,
+        }
+    }
 }
 
 /// An inode record (value of the `inodes` table).
@@ -422,7 +440,18 @@ pub struct InodeRec {
     pub inline: Option<Inline>,
 }
 
-const INODE_FIXED: usize = 112;
+/// Fixed part of a version-1 inode record (written by format version 1).
+const INODE_V1_FIXED: usize = 112;
+/// Fixed part of a version-2 inode record: up to and including the presence byte.
+const INODE_V2_FIXED: usize = 73;
+/// Presence bits of a version-2 inode record (byte 72).
+const HAS_RDEV: u8 = 1;
+const HAS_DIR: u8 = 2;
+const HAS_DISK: u8 = 4;
+const HAS_INLINE: u8 = 8;
+/// Length of the inline-data header of a version-2 record (codec, level, reserved u16,
+/// raw length u32, CRC-32C u32).
+const INLINE_V2_HEAD: usize = 12;
 
 fn put_ts(b: &mut Vec<u8>, t: Timestamp) {
     b.extend_from_slice(&t.secs.to_le_bytes());
@@ -436,9 +465,204 @@ fn ts_at(b: &[u8], o: usize) -> Timestamp {
 }
 
 impl InodeRec {
+    /// Encodes the record in its version-2 layout (see docs/format.md): 73 fixed bytes, then
+    /// only the optional fields the inode uses.
     pub fn encode(&self) -> Vec<u8> {
+        let inline_len = self
+            .inline
+            .as_ref()
+            .map_or(0, |i| INLINE_V2_HEAD + i.bytes.len());
+        let mut b = Vec::with_capacity(INODE_V2_FIXED + 28 + inline_len);
+        b.push(2); // record version
+        b.push(self.kind.code());
+        b.extend_from_slice(&self.perm.to_le_bytes());
+        b.extend_from_slice(&self.nlink.to_le_bytes());
+        b.extend_from_slice(&self.uid.to_le_bytes());
+        b.extend_from_slice(&self.gid.to_le_bytes());
+        b.extend_from_slice(&self.size.to_le_bytes());
+        put_ts(&mut b, self.atime);
+        put_ts(&mut b, self.mtime);
+        put_ts(&mut b, self.ctime);
+        put_ts(&mut b, self.crtime);
+        let mut has = 0u8;
+        if self.rdev != 0 {
+            has |= HAS_RDEV;
+        }
+        if self.parent != 0 || self.next_seq != 0 {
+            has |= HAS_DIR;
+        }
+        if self.disk_bytes != 0 {
+            has |= HAS_DISK;
+        }
+        if self.inline.is_some() {
+            has |= HAS_INLINE;
+        }
+        b.push(has);
+        if has & HAS_RDEV != 0 {
+            b.extend_from_slice(&self.rdev.to_le_bytes());
+        }
+        if has & HAS_DIR != 0 {
+            b.extend_from_slice(&self.parent.to_le_bytes());
+            b.extend_from_slice(&self.next_seq.to_le_bytes());
+        }
+        if has & HAS_DISK != 0 {
+            b.extend_from_slice(&self.disk_bytes.to_le_bytes());
+        }
+        if let Some(i) = &self.inline {
+            b.push(i.codec);
+            b.push(i.level as u8);
+            b.extend_from_slice(&[0u8; 2]);
+            b.extend_from_slice(&i.raw_len.to_le_bytes());
+            b.extend_from_slice(&i.crc.to_le_bytes());
+            b.extend_from_slice(&i.bytes);
+        }
+        b
+    }
+
+    /// Decodes a version-2 record, or a version-1 record as format version 1 wrote it.
+    pub fn decode(b: &[u8]) -> Result<InodeRec, DecodeError> {
+        match b.first() {
+            Some(1) => InodeRec::decode_v1(b),
+            Some(2) => InodeRec::decode_v2(b),
+            _ => Err(short("inode", b.len())),
+        }
+    }
+
+    fn decode_v2(b: &[u8]) -> Result<InodeRec, DecodeError> {
+        if b.len() < INODE_V2_FIXED {
+            return Err(short("inode", b.len()));
+        }
+        let kind = FileKind::from_code(b[1]).ok_or(DecodeError::BadKind {
+            what: "inode",
+            code: b[1],
+        })?;
+        let has = b[72];
+        if has & !(HAS_RDEV | HAS_DIR | HAS_DISK | HAS_INLINE) != 0 {
+            return Err(DecodeError::Reserved {
+                what: "inode",
+                start: 72,
+                end: 73,
+            });
+        }
+        let mut o = INODE_V2_FIXED;
+        let mut take = |n: usize| -> Result<usize, DecodeError> {
+            if b.len() < o + n {
+                return Err(short("inode", b.len()));
+            }
+            o += n;
+            Ok(o - n)
+        };
+        let rdev = if has & HAS_RDEV != 0 {
+            u32_at(b, take(4)?)
+        } else {
+            0
+        };
+        let (parent, next_seq) = if has & HAS_DIR != 0 {
+            let p = take(16)?;
+            (u64_at(b, p), u64_at(b, p + 8))
+        } else {
+            (0, 0)
+        };
+        let disk_bytes = if has & HAS_DISK != 0 {
+            u64_at(b, take(8)?)
+        } else {
+            0
+        };
+        let inline = if has & HAS_INLINE != 0 {
+            let h = take(INLINE_V2_HEAD)?;
+            if Algorithm::from_id(b[h]).is_none() {
+                return Err(DecodeError::BadInlineCodec(b[h]));
+            }
+            check_reserved("inode", b, h + 2..h + 4)?;
+            let raw_len = u32_at(b, h + 4);
+            check_lengths("inline", raw_len as usize, b.len() - o)?;
+            let i = Inline {
+                codec: b[h],
+                level: b[h + 1] as i8,
+                raw_len,
+                crc: u32_at(b, h + 8),
+                bytes: b[o..].to_vec(),
+            };
+            o = b.len();
+            Some(i)
+        } else {
+            None
+        };
+        if o != b.len() {
+            return Err(short("inode", b.len()));
+        }
+        Ok(InodeRec {
+            kind,
+            perm: u16_at(b, 2),
+            nlink: u32_at(b, 4),
+            uid: u32_at(b, 8),
+            gid: u32_at(b, 12),
+            rdev,
+            size: u64_at(b, 16),
+            atime: ts_at(b, 24),
+            mtime: ts_at(b, 36),
+            ctime: ts_at(b, 48),
+            crtime: ts_at(b, 60),
+            parent,
+            next_seq,
+            disk_bytes,
+            inline,
+        })
+    }
+
+    /// The version-1 layout (112 fixed bytes, inline data without a checksum).
+    fn decode_v1(b: &[u8]) -> Result<InodeRec, DecodeError> {
+        if b.len() < INODE_V1_FIXED || b[0] != 1 {
+            return Err(short("inode", b.len()));
+        }
+        let kind = FileKind::from_code(b[1]).ok_or(DecodeError::BadKind {
+            what: "inode",
+            code: b[1],
+        })?;
+        check_reserved("inode", b, 20..24)?;
+        check_reserved("inode", b, 106..108)?;
+        let inline = if b[104] == 0xff {
+            if b.len() != INODE_V1_FIXED {
+                return Err(short("inode", b.len()));
+            }
+            None
+        } else {
+            if Algorithm::from_id(b[104]).is_none() {
+                return Err(DecodeError::BadInlineCodec(b[104]));
+            }
+            check_lengths("inline", u32_at(b, 108) as usize, b.len() - INODE_V1_FIXED)?;
+            Some(Inline::new(
+                b[104],
+                b[105] as i8,
+                u32_at(b, 108),
+                b[INODE_V1_FIXED..].to_vec(),
+            ))
+        };
+        Ok(InodeRec {
+            kind,
+            perm: u16_at(b, 2),
+            nlink: u32_at(b, 4),
+            uid: u32_at(b, 8),
+            gid: u32_at(b, 12),
+            rdev: u32_at(b, 16),
+            size: u64_at(b, 24),
+            atime: ts_at(b, 32),
+            mtime: ts_at(b, 44),
+            ctime: ts_at(b, 56),
+            crtime: ts_at(b, 68),
+            parent: u64_at(b, 80),
+            next_seq: u64_at(b, 88),
+            disk_bytes: u64_at(b, 96),
+            inline,
+        })
+    }
+
+    /// Encodes the record in the version-1 layout (tests of the version-1 decoder).
+    #[cfg(any(test, feature = "internals"))]
+    #[doc(hidden)]
+    pub fn encode_v1(&self) -> Vec<u8> {
         let mut b =
-            Vec::with_capacity(INODE_FIXED + self.inline.as_ref().map_or(0, |i| i.bytes.len()));
+            Vec::with_capacity(INODE_V1_FIXED + self.inline.as_ref().map_or(0, |i| i.bytes.len()));
         b.push(1); // record version
         b.push(self.kind.code());
         b.extend_from_slice(&self.perm.to_le_bytes());
@@ -470,52 +694,6 @@ impl InodeRec {
             }
         }
         b
-    }
-
-    pub fn decode(b: &[u8]) -> Result<InodeRec, DecodeError> {
-        if b.len() < INODE_FIXED || b[0] != 1 {
-            return Err(short("inode", b.len()));
-        }
-        let kind = FileKind::from_code(b[1]).ok_or(DecodeError::BadKind {
-            what: "inode",
-            code: b[1],
-        })?;
-        check_reserved("inode", b, 20..24)?;
-        check_reserved("inode", b, 106..108)?;
-        let inline = if b[104] == 0xff {
-            if b.len() != INODE_FIXED {
-                return Err(short("inode", b.len()));
-            }
-            None
-        } else {
-            if Algorithm::from_id(b[104]).is_none() {
-                return Err(DecodeError::BadInlineCodec(b[104]));
-            }
-            check_lengths("inline", u32_at(b, 108) as usize, b.len() - INODE_FIXED)?;
-            Some(Inline {
-                codec: b[104],
-                level: b[105] as i8,
-                raw_len: u32_at(b, 108),
-                bytes: b[INODE_FIXED..].to_vec(),
-            })
-        };
-        Ok(InodeRec {
-            kind,
-            perm: u16_at(b, 2),
-            nlink: u32_at(b, 4),
-            uid: u32_at(b, 8),
-            gid: u32_at(b, 12),
-            rdev: u32_at(b, 16),
-            size: u64_at(b, 24),
-            atime: ts_at(b, 32),
-            mtime: ts_at(b, 44),
-            ctime: ts_at(b, 56),
-            crtime: ts_at(b, 68),
-            parent: u64_at(b, 80),
-            next_seq: u64_at(b, 88),
-            disk_bytes: u64_at(b, 96),
-            inline,
-        })
     }
 }
 

@@ -19,10 +19,10 @@ fn superblock_round_trip_and_damage() {
         assert!(Superblock::decode(&c).is_err(), "flip at {i} accepted");
     }
     let mut fut = sb;
-    fut.version = 2;
+    fut.version = FORMAT_VERSION + 1;
     assert_eq!(
         Superblock::decode(&fut.encode()),
-        Err(SbError::FutureVersion(2))
+        Err(SbError::FutureVersion(FORMAT_VERSION + 1))
     );
 }
 
@@ -158,15 +158,7 @@ fn records_round_trip_and_reject_garbage() {
         secs: -3,
         nsecs: 999_999_999,
     };
-    for inline in [
-        None,
-        Some(Inline {
-            codec: 0,
-            level: 0,
-            raw_len: 3,
-            bytes: b"abc".to_vec(),
-        }),
-    ] {
+    for inline in [None, Some(Inline::new(0, 0, 3, b"abc".to_vec()))] {
         let r = InodeRec {
             kind: FileKind::Symlink,
             perm: 0o7777,
@@ -185,8 +177,23 @@ fn records_round_trip_and_reject_garbage() {
             inline,
         };
         assert_eq!(InodeRec::decode(&r.encode()).unwrap(), r);
+        // The version-1 layout still decodes (checksum computed for its inline data).
+        assert_eq!(InodeRec::decode(&r.encode_v1()).unwrap(), r);
+        // Every optional field absent: the shortest record.
+        let bare = InodeRec {
+            rdev: 0,
+            parent: 0,
+            next_seq: 0,
+            disk_bytes: 0,
+            inline: None,
+            ..r.clone()
+        };
+        assert_eq!(bare.encode().len(), 73);
+        assert_eq!(InodeRec::decode(&bare.encode()).unwrap(), bare);
     }
     assert!(InodeRec::decode(&[1, 2, 3]).is_err());
+    assert!(InodeRec::decode(&[2, 1, 3]).is_err());
+    assert!(InodeRec::decode(&[]).is_err());
     assert!(InodeRec::decode(&[0u8; 200]).is_err());
     let e = ExtentRec {
         segment: 1,
@@ -277,11 +284,8 @@ mod props {
                 0u32..=MAX_EXTENT as u32,
                 proptest::collection::vec(any::<u8>(), 0..64),
             )
-                .prop_map(|(codec, level, raw_len, bytes)| Inline {
-                    codec,
-                    level,
-                    raw_len,
-                    bytes,
+                .prop_map(|(codec, level, raw_len, bytes)| {
+                    Inline::new(codec, level, raw_len, bytes)
                 }),
         );
         (
@@ -332,13 +336,14 @@ mod props {
 
         #[test]
         fn damaged_records_never_panic(r in inode(), at in any::<prop::sample::Index>(), bit in 0u8..8, cut in any::<prop::sample::Index>()) {
-            let b = r.encode();
-            prop_assert_eq!(InodeRec::decode(&b).unwrap(), r);
-            let mut c = b.clone();
-            let i = at.index(c.len());
-            c[i] ^= 1 << bit;
-            decode_all(&c);
-            decode_all(&b[..cut.index(b.len())]);
+            for b in [r.encode(), r.encode_v1()] {
+                prop_assert_eq!(&InodeRec::decode(&b).unwrap(), &r);
+                let mut c = b.clone();
+                let i = at.index(c.len());
+                c[i] ^= 1 << bit;
+                decode_all(&c);
+                decode_all(&b[..cut.index(b.len())]);
+            }
         }
 
         #[test]

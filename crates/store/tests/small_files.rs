@@ -1,0 +1,300 @@
+//! Small files (issue 16): the byte-granular worth-it rule, compressed and checksummed inline
+//! data, and the format version they need.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use compfs_store::format;
+use compfs_store::*;
+
+fn store_with(dir: &std::path::Path, inline_max: u32, min_saving: MinSaving) -> Store {
+    let t = Tuning {
+        inline_max,
+        ..tuning()
+    };
+    let s = create(dir, 131072, t.clone());
+    s.close().unwrap();
+    let o = OpenOptions {
+        min_saving,
+        ..OpenOptions::default()
+    };
+    Store::open_tuned(dir, &o, t).unwrap()
+}
+
+fn put(s: &Store, name: &[u8], data: &[u8]) -> Ino {
+    let f = s
+        .mknod(ROOT_INO, name, FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.write(f.ino, 0, data).unwrap();
+    f.ino
+}
+
+/// A 3,000-byte text file in an extent: kept compressed under the byte rule (it saves bytes,
+/// not a 4 KiB sector), stored raw under the sector rule; both read back exactly.
+#[test]
+fn byte_rule_compresses_what_the_sector_rule_stores_raw() {
+    let text = pattern(3000, 16);
+    let t = tempfile::tempdir().unwrap();
+    for (name, rule, want_codec) in [
+        ("bytes", MinSaving::Bytes(1), "zstd"),
+        ("sector", MinSaving::Sectors(1), "none"),
+    ] {
+        let dir = t.path().join(name);
+        let s = store_with(&dir, 0, rule);
+        let ino = put(&s, b"f", &text);
+        s.sync().unwrap();
+        let u = s.usage(&[ino]).unwrap();
+        assert_eq!((u.inline, u.regular_extents), (0, 1), "{name}: {u:?}");
+        assert_eq!(
+            u.per_codec.keys().collect::<Vec<_>>(),
+            [want_codec],
+            "{name}"
+        );
+        let disk = u.total.disk;
+        if want_codec == "zstd" {
+            assert!(disk < 3000, "{name}: {disk}");
+        } else {
+            assert_eq!(disk, 3000, "{name}");
+        }
+        assert_eq!(read_all(&s, ino).unwrap(), text);
+        s.close().unwrap();
+        let s = open(&dir, tuning());
+        assert_eq!(read_all(&s, ino).unwrap(), text);
+        s.close().unwrap();
+        let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
+        assert!(r.is_clean(), "{name}: {:#?}", r.problems);
+    }
+}
+
+/// Rewrites the inode record of `ino` in the closed store at `dir` through `f`.
+fn patch_inode(dir: &std::path::Path, ino: Ino, f: impl FnOnce(&mut format::InodeRec)) {
+    use redb::{ReadableTable, TableDefinition};
+    const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+    let db = redb::Database::open(dir.join(format::META_FILE)).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut t = txn.open_table(INODES).unwrap();
+        let mut rec = format::InodeRec::decode(t.get(ino).unwrap().unwrap().value()).unwrap();
+        f(&mut rec);
+        t.insert(ino, rec.encode().as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+/// Small files are inline, compressed with the file's codec when that is shorter, and
+/// checksummed: a damaged byte of the stored bytes, or of the checksum, gives EIO for that file
+/// only (never other bytes), fsck reports it, and `fsck --repair` drops it.
+#[test]
+fn inline_data_is_compressed_checksummed_and_damage_is_eio() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let s = store_with(&dir, 4096, DEFAULT_MIN_SAVING);
+    let text = pattern(1500, 7);
+    let a = put(&s, b"a", &text);
+    let b = put(&s, b"b", &text[..900]);
+    let rnd = random(1000, 8);
+    let c = put(&s, b"c", &rnd);
+    s.sync().unwrap();
+    let u = s.usage(&[a]).unwrap();
+    assert_eq!((u.inline, u.regular_extents), (1, 0), "{u:?}");
+    assert!(u.per_codec.contains_key("zstd"), "{u:?}");
+    assert!(u.total.disk < 1500, "{u:?}");
+    // Random bytes do not compress: inline raw.
+    let u = s.usage(&[c]).unwrap();
+    assert_eq!(u.per_codec.keys().collect::<Vec<_>>(), ["none"]);
+    s.close().unwrap();
+
+    patch_inode(&dir, a, |r| r.inline.as_mut().unwrap().bytes[3] ^= 0x20);
+    patch_inode(&dir, c, |r| r.inline.as_mut().unwrap().crc ^= 1);
+    let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
+    let bad: Vec<_> = r
+        .problems
+        .iter()
+        .filter(|p| p.kind == ProblemKind::CorruptExtent)
+        .map(|p| p.ino)
+        .collect();
+    assert_eq!(bad, [Some(a), Some(c)], "{:#?}", r.problems);
+    let s = open(&dir, tuning());
+    let mut buf = vec![0u8; 2000];
+    for ino in [a, c] {
+        match s.read(ino, 0, &mut buf) {
+            Err(e @ Error::Corrupt { .. }) => assert_eq!(e.errno(), libc_eio()),
+            other => panic!("damaged inline data read as {other:?}"),
+        }
+    }
+    assert_eq!(read_all(&s, b).unwrap(), &text[..900]);
+    s.close().unwrap();
+    // Repair drops the damaged inline data, as it drops a corrupt extent's map entries: the
+    // files keep their size and read as zeros; the rest is untouched.
+    let r = fsck(&dir, true, &mut |_, _| {}).unwrap();
+    assert_eq!(r.unrepaired(), 0, "{:#?}", r.problems);
+    let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let s = open(&dir, tuning());
+    assert_eq!(read_all(&s, a).unwrap(), vec![0u8; 1500]);
+    assert_eq!(read_all(&s, c).unwrap(), vec![0u8; 1000]);
+    assert_eq!(read_all(&s, b).unwrap(), &text[..900]);
+    s.close().unwrap();
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+/// Inline data after every kind of change: grown past the limit (moved to an extent), shrunk
+/// back by truncation, rewritten in place; the v2 record's optional fields (rdev, directory
+/// fields, disk bytes) survive a reopen.
+#[test]
+fn inline_files_through_growth_truncation_and_reopen() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let s = store_with(&dir, 4096, DEFAULT_MIN_SAVING);
+    let text = pattern(10_000, 9);
+    let f = put(&s, b"f", &text[..3000]);
+    s.sync().unwrap();
+    assert_eq!(s.usage(&[f]).unwrap().inline, 1);
+    s.write(f, 3000, &text[3000..]).unwrap();
+    s.sync().unwrap();
+    let u = s.usage(&[f]).unwrap();
+    assert_eq!((u.inline, u.regular_extents), (0, 1), "{u:?}");
+    s.setattr(
+        f,
+        &SetAttr {
+            size: Some(2000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.write(f, 10, b"XYZ").unwrap();
+    s.sync().unwrap();
+    let mut want = text[..2000].to_vec();
+    want[10..13].copy_from_slice(b"XYZ");
+    assert_eq!(read_all(&s, f).unwrap(), want);
+    let dev = s
+        .mknod(ROOT_INO, b"dev", FileKind::CharDev, 0o600, 0, 0, 0x0103)
+        .unwrap();
+    let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap();
+    s.symlink(d.ino, b"l", b"../f", 0, 0).unwrap();
+    s.close().unwrap();
+    let r = fsck(&dir, false, &mut |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let s = open(&dir, tuning());
+    assert_eq!(read_all(&s, f).unwrap(), want);
+    assert_eq!(s.getattr(dev.ino).unwrap().rdev, 0x0103);
+    assert_eq!(s.lookup(d.ino, b"..").unwrap().ino, ROOT_INO);
+    let l = s.lookup(d.ino, b"l").unwrap();
+    assert_eq!(s.readlink(l.ino).unwrap(), b"../f");
+    s.close().unwrap();
+}
+
+/// The measurement behind the inline limit (docs/benchmarks.md): copies the tree named by
+/// `COMPFS_SMALL_TREE` into stores with several inline limits (store API, zstd:3 heuristic,
+/// one close per file as `cp` does) and prints the store's bytes after close.
+#[test]
+#[ignore = "measurement: COMPFS_SMALL_TREE=DIR cargo test -p compfs-store --test small_files -- --ignored --nocapture"]
+fn measure_inline_limits() {
+    let Ok(tree) = std::env::var("COMPFS_SMALL_TREE") else {
+        panic!("set COMPFS_SMALL_TREE");
+    };
+    let limits: Vec<u32> = std::env::var("COMPFS_INLINE_LIMITS")
+        .unwrap_or_else(|_| "2048,4096,8192,16384".into())
+        .split(',')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let t = tempfile::tempdir().unwrap();
+    for limit in limits {
+        let dir = t.path().join(format!("s{limit}"));
+        let tn = Tuning {
+            inline_max: limit,
+            segment_size: 64 << 20,
+            flush_interval: Some(std::time::Duration::from_secs(2)),
+            ..Tuning::default()
+        };
+        let s = create(&dir, 131072, tn.clone());
+        let start = std::time::Instant::now();
+        let mut todo = vec![(std::path::PathBuf::from(&tree), ROOT_INO)];
+        let (mut files, mut bytes) = (0u64, 0u64);
+        while let Some((p, parent)) = todo.pop() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                let e = e.unwrap();
+                let name = e.file_name();
+                let name = name.as_encoded_bytes();
+                let ft = e.file_type().unwrap();
+                if ft.is_dir() {
+                    let d = s.mkdir(parent, name, 0o755, 0, 0).unwrap();
+                    todo.push((e.path(), d.ino));
+                } else if ft.is_file() {
+                    let data = std::fs::read(e.path()).unwrap();
+                    let f = s
+                        .mknod(parent, name, FileKind::File, 0o644, 0, 0, 0)
+                        .unwrap();
+                    s.open_file(f.ino).unwrap();
+                    s.write(f.ino, 0, &data).unwrap();
+                    s.release(f.ino).unwrap();
+                    files += 1;
+                    bytes += data.len() as u64;
+                }
+            }
+        }
+        s.sync().unwrap();
+        let u = s.usage(&[ROOT_INO]).unwrap();
+        s.close().unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let meta = size(&dir.join(format::META_FILE));
+        let segs: u64 = std::fs::read_dir(dir.join(format::SEGMENT_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        println!(
+            "inline_max {limit:>6}: {files} files {bytes} bytes -> segments {segs} + meta.redb {meta} = {} ({:.3}x); inline files {}, extents {}; {secs:.1} s",
+            segs + meta,
+            (segs + meta) as f64 / bytes as f64,
+            u.inline,
+            u.regular_extents
+        );
+        table_costs(&dir);
+    }
+}
+
+/// Prints, per metadata table, its rows and the bytes of its keys and values, and redb's own
+/// accounting of the database (what the leaner metadata is measured by).
+fn table_costs(dir: &std::path::Path) {
+    use redb::{ReadableDatabase, ReadableTableMetadata, TableHandle};
+    let mut db = redb::Database::open(dir.join(format::META_FILE)).unwrap();
+    let txn = db.begin_read().unwrap();
+    for h in txn.list_tables().unwrap() {
+        let name = h.name().to_string();
+        let t = txn.open_untyped_table(h).unwrap();
+        let s = t.stats().unwrap();
+        println!(
+            "  {name:<16} rows {:>7}  stored {:>9}  leaf pages {:>6}  branch pages {:>5}  fragmented {:>8}",
+            t.len().unwrap(),
+            s.stored_bytes(),
+            s.leaf_pages(),
+            s.branch_pages(),
+            s.fragmented_bytes()
+        );
+    }
+    drop(txn);
+    let w = db.begin_write().unwrap();
+    let s = w.stats().unwrap();
+    println!(
+        "  database: stored {} metadata {} fragmented {} leaf pages {} page size {}",
+        s.stored_bytes(),
+        s.metadata_bytes(),
+        s.fragmented_bytes(),
+        s.leaf_pages(),
+        s.page_size()
+    );
+    w.abort().unwrap();
+    if std::env::var_os("COMPFS_TRY_COMPACT").is_some() {
+        db.compact().unwrap();
+        drop(db);
+        let len = std::fs::metadata(dir.join(format::META_FILE))
+            .unwrap()
+            .len();
+        println!("  after redb compact: meta.redb {len}");
+    }
+}
