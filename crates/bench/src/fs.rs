@@ -60,6 +60,12 @@ pub struct Args {
     /// Write all rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Instead of the rows above: the object-store rows, a store in this bucket
+    /// (s3://BUCKET/PREFIX, server from the AWS_* variables) against the same store on the
+    /// local disk, and rclone's compress remote as the peer (method: zstd:3, or the one
+    /// --methods names).
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    pub object_store: Option<String>,
     /// Draw ratio against write MB/s per method (compfs and btrfs) as SVG here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -133,7 +139,7 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn run_tool(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run_tool(cmd: &mut Command) -> Result<()> {
     let o = cmd
         .stdin(Stdio::null())
         .output()
@@ -149,20 +155,20 @@ fn run_tool(cmd: &mut Command) -> Result<()> {
 
 /// Flushes the page cache to the file system, and the file system to disk: `sync`, then an
 /// fsync of the mount's root directory (compfs: syncs the whole store; FUSE has no syncfs).
-fn full_sync(mnt: &Path) -> Result<()> {
+pub(crate) fn full_sync(mnt: &Path) -> Result<()> {
     rustix::fs::sync();
     std::fs::File::open(mnt)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("fsync {}", mnt.display()))
 }
 
-fn drop_caches() -> bool {
+pub(crate) fn drop_caches() -> bool {
     rustix::fs::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
 /// Cold read of everything under `mnt` the way the seed did it.
-fn read_all(mnt: &Path) -> Result<f64> {
+pub(crate) fn read_all(mnt: &Path) -> Result<f64> {
     let t = Instant::now();
     // Through cat: GNU tar writing to /dev/null itself would skip reading the files.
     let mut tar = Command::new("tar")
@@ -186,13 +192,13 @@ fn read_all(mnt: &Path) -> Result<f64> {
 }
 
 /// A compfs daemon for one measurement; unmounts on drop.
-struct CompfsMount {
+pub(crate) struct CompfsMount {
     child: Option<Child>,
     mnt: PathBuf,
 }
 
 impl CompfsMount {
-    fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
+    pub(crate) fn new(store: &Path, mnt: &Path, opts: &str) -> Result<CompfsMount> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("mount")
@@ -231,7 +237,7 @@ impl CompfsMount {
             .map_or(0.0, |kb| kb / 1024.0)
     }
 
-    fn unmount(mut self) -> Result<()> {
+    pub(crate) fn unmount(mut self) -> Result<()> {
         self.unmount_inner()
     }
 
@@ -351,7 +357,7 @@ fn df_used(p: &Path) -> u64 {
     rustix::fs::statvfs(p).map_or(0, |s| (s.f_blocks - s.f_bfree) * s.f_frsize)
 }
 
-fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
+pub(crate) fn compfs_ratio(mnt: &Path) -> Result<(f64, u64)> {
     let mut total = UsageReport::default();
     compfs_fs::add_tree_usage(mnt, &mut HashSet::new(), &mut total)?;
     let t = total.total();
@@ -685,6 +691,17 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
     let corpus_bytes = corpus::tree_bytes(&corpus)?;
     if corpus_bytes == 0 {
         bail!("corpus {} holds no data", a.corpus.display());
+    }
+    if let Some(url) = &a.object_store {
+        let method = match a.methods.split(',').collect::<Vec<_>>().as_slice() {
+            [one] => one.to_string(),
+            _ => "zstd:3".to_string(),
+        };
+        let rows = crate::objstore::run(url, work, &corpus, corpus_bytes, a.copies_fast, &method)?;
+        if let Some(j) = &a.json {
+            std::fs::write(j, serde_json::to_vec_pretty(&rows)?)?;
+        }
+        return Ok(());
     }
     let can_drop = drop_caches();
     let ctx = Ctx {
