@@ -89,7 +89,7 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
         "{out}"
     );
     let (ok, _, err) = compfs_env(&srv, &["mkfs", url]);
-    assert!(!ok && err.contains("exists"), "second mkfs: {err}");
+    assert!(!ok && err.contains("already holds"), "second mkfs: {err}");
 
     let mnt = t.path().join("mnt");
     let c1 = t.path().join("cache1");
