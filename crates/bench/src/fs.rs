@@ -61,6 +61,12 @@ pub struct Args {
     /// Write all rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Instead of the rows above: the object-store rows, a store in this bucket
+    /// (s3://BUCKET/PREFIX, server from the AWS_* variables) against the same store on the
+    /// local disk, and rclone's compress remote as the peer (method: zstd:3, or the one
+    /// --methods names).
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    pub object_store: Option<String>,
     /// Draw ratio against write MB/s per method (compfs and btrfs) as SVG here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -163,7 +169,7 @@ pub(crate) fn drop_caches() -> bool {
 }
 
 /// Cold read of everything under `mnt` the way the seed did it.
-fn read_all(mnt: &Path) -> Result<f64> {
+pub(crate) fn read_all(mnt: &Path) -> Result<f64> {
     let t = Instant::now();
     // Through cat: GNU tar writing to /dev/null itself would skip reading the files.
     let mut tar = Command::new("tar")
@@ -769,6 +775,17 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
     let corpus_bytes = corpus::tree_bytes(&corpus)?;
     if corpus_bytes == 0 {
         bail!("corpus {} holds no data", a.corpus.display());
+    }
+    if let Some(url) = &a.object_store {
+        let method = match a.methods.split(',').collect::<Vec<_>>().as_slice() {
+            [one] => one.to_string(),
+            _ => "zstd:3".to_string(),
+        };
+        let rows = crate::objstore::run(url, work, &corpus, corpus_bytes, a.copies_fast, &method)?;
+        if let Some(j) = &a.json {
+            std::fs::write(j, serde_json::to_vec_pretty(&rows)?)?;
+        }
+        return Ok(());
     }
     let can_drop = drop_caches();
     let ctx = Ctx {

@@ -28,6 +28,7 @@ mod error;
 pub mod fio;
 pub mod fs;
 pub mod heuristic;
+pub mod objstore;
 pub mod plot;
 pub mod recompress;
 pub mod store;

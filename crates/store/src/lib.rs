@@ -42,6 +42,7 @@ mod fsck;
 mod gc;
 mod meta;
 mod namespace;
+pub mod object;
 mod open;
 mod pool;
 pub mod powercut;

@@ -64,6 +64,9 @@ pub struct Tuning {
     pub dirty_limit: usize,
     /// Dirty extent-sized blocks of one file that trigger its flush.
     pub flush_blocks: usize,
+    /// Called after every durable commit with redb's write lock held (stores in a bucket
+    /// upload their metadata snapshot there; see [`crate::object`]).
+    pub after_durable: Option<Arc<dyn crate::object::DurableHook>>,
 }
 
 impl std::fmt::Debug for Tuning {
@@ -92,6 +95,7 @@ impl Default for Tuning {
             gc_min_garbage: 64 << 20,
             dirty_limit: 64 << 20,
             flush_blocks: 24,
+            after_durable: None,
         }
     }
 }

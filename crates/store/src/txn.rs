@@ -106,6 +106,14 @@ impl Inner {
         }
         txn.commit().map_err(|e| self.fail(e.into()))?;
         if durable {
+            if let Some(h) = &self.tuning.after_durable {
+                // redb's write lock, held while the hook copies meta.redb: no commit changes
+                // the file meanwhile, so the copy is the image of this durable commit.
+                let hold = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
+                let r = h.after_durable_commit();
+                hold.abort().map_err(|e| self.fail(e.into()))?;
+                r.map_err(|e| self.fail(Error::from_io(e)))?;
+            }
             *lock(&self.last_durable) = Instant::now();
         }
         if !pending.is_empty() {

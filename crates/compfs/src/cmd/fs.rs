@@ -101,14 +101,19 @@ pub fn umount(a: UmountArgs) -> Result<ExitCode> {
 
 /// `compfs mount`.
 pub fn mount(a: MountArgs) -> Result<ExitCode> {
-    let opts = MountOptions::parse(&a.options)?;
+    let url = super::s3::url_of(&a.store)?;
+    let (fuse_opts, object_opts) = match &url {
+        Some(_) => super::s3::split_options(&a.options)?,
+        None => (a.options.clone(), super::s3::default_options()),
+    };
+    let opts = MountOptions::parse(&fuse_opts)?;
     // The daemon started by spawn_daemon parses the same options: the parent warns once.
     if !a.notify_ready {
         for w in &opts.warnings {
             eprintln!("compfs: warning: {w}");
         }
     }
-    if !Store::is_store(&a.store) {
+    if url.is_none() && !Store::is_store(&a.store) {
         bail!(
             "{} is not a compfs store; create one with `compfs mkfs {}`",
             a.store.display(),
@@ -118,6 +123,14 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
     check_mountpoint(&a.mountpoint)?;
     if !a.foreground {
         return spawn_daemon(&a);
+    }
+    if let Some(url) = &url {
+        block_termination_signals();
+        let h = super::s3::open(url, &object_opts, &open_options(&opts))?;
+        // The cache directory stands for the store in the mount table and the serve lock.
+        let r = serve_mounted(&a, h.store, &h.cache_dir, &opts);
+        super::s3::write_request_counts(&h.cache_dir, &h.backend);
+        return r;
     }
     let store_dir = a
         .store
@@ -133,9 +146,19 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
         ),
         e => anyhow!("cannot open store {}: {e}", store_dir.display()),
     })?;
+    serve_mounted(&a, store, &store_dir, &opts)
+}
+
+/// Serves `store` on the mount point until unmounted (the foreground part of `mount`).
+fn serve_mounted(
+    a: &MountArgs,
+    store: Store,
+    store_dir: &Path,
+    opts: &MountOptions,
+) -> Result<ExitCode> {
     let notify = a.notify_ready;
     let log = a.log.clone();
-    serve(store, &store_dir, &a.mountpoint, &opts, move || {
+    serve(store, store_dir, &a.mountpoint, opts, move || {
         if notify {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "ready");
@@ -295,6 +318,17 @@ pub fn usage(a: UsageArgs) -> Result<ExitCode> {
     let mut total = UsageReport::default();
     let mut seen: HashSet<(u64, u64)> = HashSet::new();
     for path in &a.paths {
+        if let Some(url) = super::s3::url_of(path)? {
+            let opts = OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            };
+            let h = super::s3::open(&url, &super::s3::default_options(), &opts)?;
+            let u = h.store.usage(&[ROOT_INO])?;
+            h.store.close()?;
+            total.merge(&report_from_usage(&u));
+            continue;
+        }
         if Store::is_store(path) {
             total.merge(&store_usage(path)?);
             continue;

@@ -3,4 +3,5 @@
 pub mod blk;
 pub mod defrag;
 pub mod fs;
+pub mod s3;
 pub mod store;

@@ -62,6 +62,16 @@ pub fn mkfs(a: MkfsArgs) -> Result<ExitCode> {
         mode,
         force: a.force,
     };
+    if let Some(url) = super::s3::url_of(&a.store)? {
+        super::s3::create(&url, &super::s3::default_options(), &opts)?;
+        println!(
+            "created compfs store {url} (extent size {}, {}={})",
+            human(opts.extent_size as u64),
+            mode,
+            compression
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let s = Store::create(&a.store, &opts).map_err(|e| anyhow::anyhow!("{e}"))?;
     let sb = s.superblock();
     s.close()?;
@@ -77,6 +87,10 @@ pub fn mkfs(a: MkfsArgs) -> Result<ExitCode> {
 }
 
 pub fn fsck_cmd(a: FsckArgs) -> Result<ExitCode> {
+    if super::s3::url_of(&a.store)?.is_some() {
+        eprintln!("compfs fsck: stores in a bucket cannot be checked yet");
+        return Ok(ExitCode::from(8));
+    }
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
@@ -128,9 +142,18 @@ pub fn fsck_cmd(a: FsckArgs) -> Result<ExitCode> {
 }
 
 pub fn gc(a: GcArgs) -> Result<ExitCode> {
-    let s = Store::open(&a.store, &OpenOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let r = s.gc().map_err(|e| anyhow::anyhow!("{e}"))?;
-    s.close()?;
+    let r = if let Some(url) = super::s3::url_of(&a.store)? {
+        let h = super::s3::open(&url, &super::s3::default_options(), &OpenOptions::default())?;
+        let r = h.store.gc().map_err(|e| anyhow::anyhow!("{e}"))?;
+        h.store.close()?;
+        r
+    } else {
+        let s =
+            Store::open(&a.store, &OpenOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let r = s.gc().map_err(|e| anyhow::anyhow!("{e}"))?;
+        s.close()?;
+        r
+    };
     println!(
         "gc: examined {} segments, freed {}, moved {} extents ({}); segment files {} -> {}",
         r.segments_examined,

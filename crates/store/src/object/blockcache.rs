@@ -1,0 +1,264 @@
+//! The local cache of segment data in `cache_dir/cache/`: blocks of [`BLOCK`] bytes of chunks
+//! (the last block of a chunk shorter), one file each, least recently used out once their
+//! total passes the bound. The bookkeeping ([`LruIndex`]) is pure and tested alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Bytes of one cache block (and of one ranged GET): reading one extent fetches the block
+/// around it, the next extents of the file usually come with it (sequential readahead).
+pub const BLOCK: u64 = 1 << 20;
+
+/// A cached block: segment, chunk start, block index in the chunk.
+pub type Key = (u64, u64, u64);
+
+/// Least-recently-used bookkeeping of sized entries under a byte bound.
+#[derive(Debug, Default)]
+pub struct LruIndex {
+    entries: HashMap<Key, (u64, u64)>,
+    order: BTreeMap<u64, Key>,
+    tick: u64,
+    total: u64,
+    cap: u64,
+}
+
+impl LruIndex {
+    pub fn new(cap: u64) -> LruIndex {
+        LruIndex {
+            cap,
+            ..LruIndex::default()
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Marks `k` used; whether it is present.
+    pub fn touch(&mut self, k: Key) -> bool {
+        let Some((t, _)) = self.entries.get(&k).copied() else {
+            return false;
+        };
+        self.order.remove(&t);
+        self.tick += 1;
+        self.order.insert(self.tick, k);
+        if let Some(e) = self.entries.get_mut(&k) {
+            e.0 = self.tick;
+        }
+        true
+    }
+
+    /// Adds (or refreshes) `k` of `size` bytes; returns the entries evicted to stay in bounds
+    /// (`k` itself when it alone exceeds the bound).
+    pub fn insert(&mut self, k: Key, size: u64) -> Vec<Key> {
+        self.remove(k);
+        self.tick += 1;
+        self.entries.insert(k, (self.tick, size));
+        self.order.insert(self.tick, k);
+        self.total += size;
+        let mut out = Vec::new();
+        while self.total > self.cap {
+            let Some((_, victim)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((_, s)) = self.entries.remove(&victim) {
+                self.total -= s;
+            }
+            out.push(victim);
+        }
+        out
+    }
+
+    pub fn remove(&mut self, k: Key) -> bool {
+        match self.entries.remove(&k) {
+            Some((t, s)) => {
+                self.order.remove(&t);
+                self.total -= s;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every entry of segment `seg`; returns them.
+    pub fn remove_segment(&mut self, seg: u64) -> Vec<Key> {
+        let ks: Vec<Key> = self
+            .entries
+            .keys()
+            .filter(|k| k.0 == seg)
+            .copied()
+            .collect();
+        for k in &ks {
+            self.remove(*k);
+        }
+        ks
+    }
+}
+
+fn file_name(k: Key) -> String {
+    format!("{:016x}-{:016x}-{:08x}", k.0, k.1, k.2)
+}
+
+fn parse_name(n: &str) -> Option<Key> {
+    let mut it = n.split('-');
+    let a = it.next().filter(|s| s.len() == 16)?;
+    let b = it.next().filter(|s| s.len() == 16)?;
+    let c = it.next().filter(|s| s.len() == 8)?;
+    if it.next().is_some() {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+        u64::from_str_radix(c, 16).ok()?,
+    ))
+}
+
+/// The block cache of one store.
+pub struct BlockCache {
+    dir: PathBuf,
+    index: Mutex<LruIndex>,
+}
+
+impl BlockCache {
+    /// Opens the cache in `dir` (created if missing) with a bound of `cap` bytes; blocks left
+    /// by an earlier mount are kept (oldest first out), stray files removed.
+    pub fn open(dir: &Path, cap: u64) -> io::Result<BlockCache> {
+        std::fs::create_dir_all(dir)?;
+        let mut found = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = e.file_name();
+            match name.to_str().and_then(parse_name) {
+                Some(k) => {
+                    let m = e.metadata()?;
+                    found.push((m.modified().ok(), k, m.len()));
+                }
+                None => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        found.sort();
+        let c = BlockCache {
+            dir: dir.to_path_buf(),
+            index: Mutex::new(LruIndex::new(cap)),
+        };
+        for (_, k, len) in found {
+            let out = c.lock().insert(k, len);
+            c.unlink(&out);
+        }
+        Ok(c)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruIndex> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unlink(&self, keys: &[Key]) {
+        for k in keys {
+            let _ = std::fs::remove_file(self.dir.join(file_name(*k)));
+        }
+    }
+
+    /// Bytes cached now.
+    pub fn bytes(&self) -> u64 {
+        self.lock().total()
+    }
+
+    /// Reads `buf.len()` bytes at `off` of block `k` if it is cached.
+    pub fn read(&self, k: Key, off: u64, buf: &mut [u8]) -> bool {
+        if !self.lock().touch(k) {
+            return false;
+        }
+        let ok = std::fs::File::open(self.dir.join(file_name(k)))
+            .and_then(|f| f.read_exact_at(buf, off))
+            .is_ok();
+        if !ok {
+            // Evicted meanwhile, or damaged: forget it, the caller fetches the block.
+            self.lock().remove(k);
+        }
+        ok
+    }
+
+    /// Stores block `k` (written to a temporary name and renamed, so a reader never sees part
+    /// of it). A failure only costs a later fetch.
+    pub fn put(&self, k: Key, data: &[u8]) {
+        let tmp = self.dir.join(format!(
+            "tmp.{}.{:?}",
+            file_name(k),
+            std::thread::current().id()
+        ));
+        let ok = std::fs::write(&tmp, data)
+            .and_then(|_| std::fs::rename(&tmp, self.dir.join(file_name(k))))
+            .is_ok();
+        if !ok {
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
+        let out = self.lock().insert(k, data.len() as u64);
+        self.unlink(&out);
+    }
+
+    /// Drops every block of segment `seg` (deleted by GC).
+    pub fn drop_segment(&self, seg: u64) {
+        let out = self.lock().remove_segment(seg);
+        self.unlink(&out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn lru_evicts_least_recently_used_first_and_keeps_the_bound() {
+        let mut l = LruIndex::new(100);
+        assert!(l.insert((1, 0, 0), 40).is_empty());
+        assert!(l.insert((1, 0, 1), 40).is_empty());
+        assert!(l.touch((1, 0, 0)));
+        assert_eq!(l.insert((2, 0, 0), 40), vec![(1, 0, 1)]);
+        assert_eq!(l.total(), 80);
+        // An entry larger than the bound does not stay.
+        let out = l.insert((3, 0, 0), 200);
+        assert!(out.contains(&(3, 0, 0)));
+        assert_eq!(l.total(), 0, "everything older went out first");
+        l.insert((2, 0, 1), 10);
+        l.insert((2, 0, 2), 10);
+        l.insert((4, 0, 0), 10);
+        assert_eq!(l.remove_segment(2).len(), 2);
+        assert_eq!(l.total(), 10);
+        assert!(!l.touch((2, 0, 0)));
+    }
+
+    #[test]
+    fn cache_files_stay_within_the_bound_and_survive_reopen() {
+        let t = tempfile::tempdir().unwrap();
+        let c = BlockCache::open(t.path(), 3000).unwrap();
+        for i in 0..10u64 {
+            c.put((1, 0, i), &[i as u8; 1000]);
+        }
+        assert!(c.bytes() <= 3000);
+        let on_disk: u64 = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert_eq!(on_disk, c.bytes());
+        let mut b = [0u8; 10];
+        assert!(c.read((1, 0, 9), 5, &mut b));
+        assert_eq!(b, [9; 10]);
+        assert!(!c.read((1, 0, 0), 0, &mut b));
+        std::fs::write(t.path().join("junk"), b"x").unwrap();
+        drop(c);
+        let c = BlockCache::open(t.path(), 2000).unwrap();
+        assert!(c.bytes() <= 2000);
+        assert!(!t.path().join("junk").exists());
+        c.drop_segment(1);
+        assert_eq!(c.bytes(), 0);
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 0);
+    }
+}

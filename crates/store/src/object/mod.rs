@@ -1,0 +1,277 @@
+//! Stores whose segments and metadata snapshots live in an S3-compatible bucket
+//! (`s3://BUCKET/PREFIX`), through the `object_store` crate's S3 client. The store itself runs
+//! unchanged on a local cache directory holding `superblock`, `meta.redb` (the working
+//! metadata database), placeholders of the segments and a bounded cache of segment data; the
+//! bucket holds the superblock, every segment as chunk objects ([`segments`]) and a snapshot
+//! of `meta.redb` uploaded by every durable commit ([`snapshot`]). See docs/format.md, "Stores
+//! on object storage", for the layout and the commit protocol.
+
+pub mod blockcache;
+pub mod layout;
+pub mod remote;
+pub mod segments;
+pub mod snapshot;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub use remote::{Remote, RemoteConfig, RemoteCounts, S3Url};
+pub use segments::ObjectBackend;
+
+use crate::error::{Error, Result};
+use crate::open::read_superblock;
+use crate::records::{SEGMENT_DIR, SUPERBLOCK_FILE};
+use crate::store::{Store, Tuning};
+use crate::types::{CreateOptions, OpenOptions};
+use blockcache::BlockCache;
+use layout::{parse_chunk_key, parse_piece_key, MANIFEST_KEY, SUPERBLOCK_KEY};
+use snapshot::{download, fetch_manifest, local_generation, MetaUploader};
+
+/// Called by every durable commit once redb committed, with redb's write lock held (so no
+/// other commit changes `meta.redb` meanwhile); a failure latches the store read-only.
+pub trait DurableHook: Send + Sync {
+    fn after_durable_commit(&self) -> io::Result<()>;
+}
+
+/// Default bound of the local segment data cache.
+pub const DEFAULT_CACHE_SIZE: u64 = 1 << 30;
+
+/// Options of a store in a bucket.
+#[derive(Debug, Clone)]
+pub struct ObjectOptions {
+    pub remote: RemoteConfig,
+    /// Where the metadata database and the data cache live (default:
+    /// [`S3Url::default_cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+    /// Bound of the data cache in bytes (0: no cache, every read a ranged GET of its bytes).
+    pub cache_size: u64,
+}
+
+impl Default for ObjectOptions {
+    fn default() -> Self {
+        ObjectOptions {
+            remote: RemoteConfig::default(),
+            cache_dir: None,
+            cache_size: DEFAULT_CACHE_SIZE,
+        }
+    }
+}
+
+impl ObjectOptions {
+    pub fn cache_dir_for(&self, url: &S3Url) -> PathBuf {
+        self.cache_dir
+            .clone()
+            .unwrap_or_else(|| url.default_cache_dir())
+    }
+}
+
+/// An open store in a bucket.
+pub struct ObjectStoreHandle {
+    pub store: Store,
+    pub cache_dir: PathBuf,
+    pub backend: ObjectBackend,
+}
+
+impl ObjectStoreHandle {
+    /// Requests and bytes sent to the bucket since the store was opened.
+    pub fn counts(&self) -> RemoteCounts {
+        self.backend.shared.remote.counts()
+    }
+}
+
+impl DurableHook for MetaUploaderHook {
+    fn after_durable_commit(&self) -> io::Result<()> {
+        let up = {
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if g.is_none() {
+                let sb = read_superblock(&self.cache_dir)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                *g = Some(Arc::new(MetaUploader::new(
+                    self.remote.clone(),
+                    &self.cache_dir,
+                    sb.uuid,
+                    self.last.as_ref(),
+                )));
+            }
+            g.clone()
+        };
+        match up {
+            Some(u) => u.upload(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The [`DurableHook`] of a store in a bucket: uploads the metadata snapshot (made once the
+/// superblock exists, which `Store::create` writes after the metadata).
+struct MetaUploaderHook {
+    remote: Arc<Remote>,
+    cache_dir: PathBuf,
+    last: Option<layout::Manifest>,
+    inner: Mutex<Option<Arc<MetaUploader>>>,
+}
+
+fn not_store(url: &S3Url, reason: &str) -> Error {
+    Error::NotAStore {
+        path: PathBuf::from(url.to_string()),
+        reason: reason.to_string(),
+    }
+}
+
+/// Whether `url` holds a store (a superblock object).
+pub fn is_store(url: &S3Url, cfg: &RemoteConfig) -> Result<bool> {
+    let r = Remote::connect(url, cfg)?;
+    Ok(r.get(SUPERBLOCK_KEY)?.is_some())
+}
+
+/// Creates a store in the bucket. Refuses a prefix holding a store's objects unless
+/// `opts.force`, which deletes them first. The store is built in a scratch directory beside
+/// the cache directory (removed afterwards); the superblock object is written last.
+pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuning) -> Result<()> {
+    let remote = Arc::new(Remote::connect(url, &o.remote)?);
+    let mut ours = Vec::new();
+    for folder in [layout::SEGS_FOLDER, "meta"] {
+        for (k, _) in remote.list(folder)? {
+            if parse_chunk_key(&k).is_some() || parse_piece_key(&k).is_some() || k == MANIFEST_KEY {
+                ours.push(k);
+            }
+        }
+    }
+    let has_sb = remote.get(SUPERBLOCK_KEY)?.is_some();
+    if (has_sb || !ours.is_empty()) && !opts.force {
+        return Err(Error::AlreadyExists(PathBuf::from(url.to_string())));
+    }
+    if has_sb {
+        remote.delete(SUPERBLOCK_KEY)?;
+    }
+    for k in ours {
+        remote.delete(&k)?;
+    }
+    let cache_dir = o.cache_dir_for(url);
+    let parent = cache_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&parent)?;
+    let scratch = parent.join(format!(
+        ".mkfs-{}-{}",
+        std::process::id(),
+        cache_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let r = (|| -> Result<()> {
+        let backend = ObjectBackend::open(remote.clone(), &scratch.join(SEGMENT_DIR), None)?;
+        let hook = MetaUploaderHook {
+            remote: remote.clone(),
+            cache_dir: scratch.clone(),
+            last: None,
+            inner: Mutex::new(None),
+        };
+        let t = Tuning {
+            backend: Arc::new(backend),
+            after_durable: Some(Arc::new(hook)),
+            ..tuning
+        };
+        let s = Store::create_tuned(
+            &scratch,
+            &CreateOptions {
+                force: false,
+                ..*opts
+            },
+            t,
+        )?;
+        s.close()?;
+        let sb = std::fs::read(scratch.join(SUPERBLOCK_FILE))?;
+        remote.put(SUPERBLOCK_KEY, sb)?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    r
+}
+
+/// Opens the store in the bucket: fetches the superblock, and the latest metadata snapshot
+/// unless the cache directory already holds it, lists the segments, and opens the store on
+/// the cache directory with the bucket as its segment backend.
+pub fn open(
+    url: &S3Url,
+    o: &ObjectOptions,
+    opts: &OpenOptions,
+    tuning: Tuning,
+) -> Result<ObjectStoreHandle> {
+    let remote = Arc::new(Remote::connect(url, &o.remote)?);
+    let sb_bytes = remote
+        .get(SUPERBLOCK_KEY)?
+        .ok_or_else(|| not_store(url, "the bucket has no compfs superblock there"))?;
+    let cache_dir = o.cache_dir_for(url);
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&cache_dir)?;
+    }
+    let tmp = cache_dir.join(format!("{SUPERBLOCK_FILE}.download"));
+    std::fs::write(&tmp, &sb_bytes)?;
+    std::fs::rename(&tmp, cache_dir.join(SUPERBLOCK_FILE))?;
+    let sb = read_superblock(&cache_dir)?;
+    let m = fetch_manifest(&remote)?
+        .ok_or_else(|| not_store(url, "the bucket has no metadata manifest"))?;
+    if m.uuid != sb.uuid {
+        return Err(not_store(
+            url,
+            "the metadata manifest belongs to another store (UUID mismatch)",
+        ));
+    }
+    let meta = cache_dir.join(crate::records::META_FILE);
+    if local_generation(&cache_dir, &sb.uuid) != Some(m.gen) || !meta.exists() {
+        download(&remote, &m, &cache_dir)?;
+    }
+    let cache = if o.cache_size > 0 {
+        Some(BlockCache::open(&cache_dir.join("cache"), o.cache_size)?)
+    } else {
+        None
+    };
+    std::fs::create_dir_all(cache_dir.join(SEGMENT_DIR))?;
+    let backend = ObjectBackend::open(remote.clone(), &cache_dir.join(SEGMENT_DIR), cache)?;
+    let hook: Option<Arc<dyn DurableHook>> = if opts.read_only {
+        None
+    } else {
+        Some(Arc::new(MetaUploaderHook {
+            remote: remote.clone(),
+            cache_dir: cache_dir.clone(),
+            inner: Mutex::new(Some(Arc::new(MetaUploader::new(
+                remote.clone(),
+                &cache_dir,
+                sb.uuid,
+                Some(&m),
+            )))),
+            last: Some(m),
+        }))
+    };
+    let t = Tuning {
+        backend: Arc::new(backend.clone()),
+        after_durable: hook,
+        ..tuning
+    };
+    let store = Store::open_tuned(&cache_dir, opts, t)?;
+    if !opts.read_only {
+        // Only now, with the store open (so no other mount on this machine uploads): pieces
+        // of an upload cut short are garbage.
+        let up = MetaUploader::new(
+            remote.clone(),
+            &cache_dir,
+            sb.uuid,
+            fetch_manifest(&remote)?.as_ref(),
+        );
+        up.delete_stray_pieces()?;
+    }
+    Ok(ObjectStoreHandle {
+        store,
+        cache_dir,
+        backend,
+    })
+}

@@ -1,0 +1,392 @@
+//! Segment files in a bucket, behind the store's [`Backend`] seam. A segment is a set of chunk
+//! objects, each holding a contiguous byte range of it (`segs/ID.seg/START-LEN`). Appends stay
+//! in memory until `sync_data`, which PUTs every pending run of contiguous bytes as one chunk
+//! and returns once every PUT completed: what the store syncs before a durable commit is then
+//! in the bucket. Reads go through the local block cache with ranged GETs.
+//!
+//! The local segment directory holds one sparse placeholder file per segment in the bucket
+//! (its length the segment's), so the store's scans of that directory (next segment id, GC's
+//! orphans and sizes) work unchanged; placeholders are rebuilt from a listing at every open.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::blockcache::{BlockCache, BLOCK};
+use super::layout::{block_spans, chunk_key, contiguous_runs, parse_chunk_key};
+use super::remote::Remote;
+use crate::backend::{Backend, SegFile};
+use crate::records::{parse_segment_file_name, segment_file_name, SEG_HEADER_LEN};
+
+/// One segment: its uploaded chunks and the appends not uploaded yet.
+#[derive(Default)]
+struct SegState {
+    /// Chunk start -> length.
+    chunks: BTreeMap<u64, u64>,
+    /// Offset -> bytes of appends not yet in a completed PUT.
+    pending: BTreeMap<u64, Vec<u8>>,
+}
+
+impl SegState {
+    fn end(&self) -> u64 {
+        let c = self.chunks.iter().next_back().map(|(s, l)| s + l);
+        let p = self
+            .pending
+            .iter()
+            .next_back()
+            .map(|(s, b)| s + b.len() as u64);
+        c.unwrap_or(0).max(p.unwrap_or(0))
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) remote: Arc<Remote>,
+    cache: Option<BlockCache>,
+    segs: Mutex<HashMap<u64, SegState>>,
+    /// One upload at a time (the background syncer and a durable commit may both sync).
+    upload: Mutex<()>,
+    seg_dir: PathBuf,
+    /// Bytes in `pending` of all segments.
+    pending_bytes: AtomicU64,
+}
+
+/// Appended bytes held in memory (not yet uploaded) above which a writer uploads them itself.
+const PENDING_LIMIT: u64 = 64 << 20;
+
+impl Shared {
+    /// PUTs every pending run of contiguous bytes as one chunk; returns once all completed.
+    /// A segment holding only its header waits for its first extents (nothing references it).
+    fn sync_segment(&self, id: u64) -> io::Result<()> {
+        let _one = lock(&self.upload);
+        let runs: Vec<(u64, Vec<u64>, Vec<u8>)> = {
+            let segs = lock(&self.segs);
+            let Some(s) = segs.get(&id) else {
+                return Ok(());
+            };
+            let header_only = s.chunks.is_empty()
+                && s.pending.len() == 1
+                && s.pending
+                    .get(&0)
+                    .is_some_and(|b| b.len() as u64 == SEG_HEADER_LEN);
+            if header_only {
+                return Ok(());
+            }
+            let writes: Vec<(u64, usize)> = s.pending.iter().map(|(o, b)| (*o, b.len())).collect();
+            contiguous_runs(&writes)
+                .into_iter()
+                .map(|(start, offs, len)| {
+                    let mut data = Vec::with_capacity(len as usize);
+                    for o in &offs {
+                        if let Some(b) = s.pending.get(o) {
+                            data.extend_from_slice(b);
+                        }
+                    }
+                    (start, offs, data)
+                })
+                .collect()
+        };
+        for (start, offs, data) in runs {
+            let len = data.len() as u64;
+            self.remote.put(&chunk_key(id, start, len), data)?;
+            let end = {
+                let mut segs = lock(&self.segs);
+                let Some(s) = segs.get_mut(&id) else {
+                    continue;
+                };
+                s.chunks.insert(start, len);
+                for o in offs {
+                    if let Some(b) = s.pending.remove(&o) {
+                        self.pending_bytes
+                            .fetch_sub(b.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                s.end()
+            };
+            // The placeholder's length follows the segment (GC reports sizes from it).
+            if let Ok(f) = std::fs::OpenOptions::new()
+                .write(true)
+                .open(self.seg_dir.join(segment_file_name(id)))
+            {
+                let _ = f.set_len(end);
+            }
+        }
+        Ok(())
+    }
+
+    /// Uploads the pending appends of every segment.
+    fn sync_all(&self) -> io::Result<()> {
+        let ids: Vec<u64> = lock(&self.segs)
+            .iter()
+            .filter(|(_, s)| !s.pending.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.sync_segment(id)?;
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn seg_id(path: &Path) -> io::Result<u64> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_segment_file_name)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a segment file name"))
+}
+
+/// The segment backend of a store in a bucket.
+#[derive(Clone)]
+pub struct ObjectBackend {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl ObjectBackend {
+    /// Lists the segment chunks of the bucket and lays the placeholders in `seg_dir` (removing
+    /// those of segments the bucket has not). `cache` is the block cache (none: every read is
+    /// a ranged GET of just its bytes).
+    pub(crate) fn open(
+        remote: Arc<Remote>,
+        seg_dir: &Path,
+        cache: Option<BlockCache>,
+    ) -> io::Result<ObjectBackend> {
+        let mut segs: HashMap<u64, SegState> = HashMap::new();
+        for (key, size) in remote.list(super::layout::SEGS_FOLDER)? {
+            let Some((id, start, len)) = parse_chunk_key(&key) else {
+                tracing::warn!("compfs: ignoring object {key} (not a segment chunk)");
+                continue;
+            };
+            if size != len {
+                return Err(io::Error::other(format!(
+                    "object {key} has {size} bytes, its name says {len}"
+                )));
+            }
+            segs.entry(id).or_default().chunks.insert(start, len);
+        }
+        if !segs.is_empty() {
+            std::fs::create_dir_all(seg_dir)?;
+        }
+        let listing = match std::fs::read_dir(seg_dir) {
+            Ok(l) => Some(l),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        for e in listing.into_iter().flatten() {
+            let e = e?;
+            let id = e.file_name().to_str().and_then(parse_segment_file_name);
+            if !id.is_some_and(|id| segs.contains_key(&id)) {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+        for (id, s) in &segs {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(seg_dir.join(segment_file_name(*id)))?;
+            f.set_len(s.end())?;
+        }
+        Ok(ObjectBackend {
+            shared: Arc::new(Shared {
+                remote,
+                cache,
+                segs: Mutex::new(segs),
+                upload: Mutex::new(()),
+                seg_dir: seg_dir.to_path_buf(),
+                pending_bytes: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Requests and bytes sent to the bucket so far.
+    pub fn counts(&self) -> super::RemoteCounts {
+        self.shared.remote.counts()
+    }
+
+    /// Bytes in the local block cache.
+    pub fn cached_bytes(&self) -> u64 {
+        self.shared.cache.as_ref().map_or(0, |c| c.bytes())
+    }
+
+    /// Bytes appended and not yet uploaded.
+    pub fn pending_bytes(&self) -> u64 {
+        self.shared.pending_bytes.load(Ordering::Relaxed)
+    }
+
+    fn file(&self, id: u64) -> Arc<dyn SegFile> {
+        Arc::new(ObjectSegFile {
+            shared: self.shared.clone(),
+            id,
+        })
+    }
+}
+
+impl Backend for ObjectBackend {
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn SegFile>> {
+        let id = seg_id(path)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        let mut segs = lock(&self.shared.segs);
+        if segs.contains_key(&id) {
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        segs.insert(id, SegState::default());
+        drop(segs);
+        Ok(self.file(id))
+    }
+
+    fn open(&self, path: &Path, _write: bool) -> io::Result<Arc<dyn SegFile>> {
+        let id = seg_id(path)?;
+        if !lock(&self.shared.segs).contains_key(&id) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        Ok(self.file(id))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let id = seg_id(path)?;
+        let chunks: Vec<(u64, u64)> = match lock(&self.shared.segs).get(&id) {
+            Some(s) => s.chunks.iter().map(|(a, b)| (*a, *b)).collect(),
+            None => return Err(io::Error::from(io::ErrorKind::NotFound)),
+        };
+        for (start, len) in chunks {
+            self.shared.remote.delete(&chunk_key(id, start, len))?;
+        }
+        lock(&self.shared.segs).remove(&id);
+        if let Some(c) = &self.shared.cache {
+            c.drop_segment(id);
+        }
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Placeholders need no durability: they are rebuilt from the bucket at every open.
+    fn sync_dir(&self, _path: &Path) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+struct ObjectSegFile {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl ObjectSegFile {
+    /// Bytes `off..off + buf.len()` of chunk `start` (of `clen` bytes), through the cache.
+    fn read_chunk(&self, start: u64, clen: u64, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let key = chunk_key(self.id, start, clen);
+        let Some(cache) = &self.shared.cache else {
+            let b = self
+                .shared
+                .remote
+                .get_range(&key, off..off + buf.len() as u64)?;
+            buf.copy_from_slice(&b);
+            return Ok(());
+        };
+        let mut at = 0usize;
+        for (b, o, n) in block_spans(off, buf.len() as u64, BLOCK) {
+            let n = n as usize;
+            let dst = &mut buf[at..at + n];
+            let k = (self.id, start, b);
+            if !cache.read(k, o, dst) {
+                let lo = b * BLOCK;
+                let hi = (lo + BLOCK).min(clen);
+                let data = self.shared.remote.get_range(&key, lo..hi)?;
+                dst.copy_from_slice(&data[o as usize..o as usize + n]);
+                cache.put(k, &data);
+            }
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+impl SegFile for ObjectSegFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut pos = offset;
+        let end = offset + buf.len() as u64;
+        while pos < end {
+            let at = (pos - offset) as usize;
+            // Pending bytes first (an append not uploaded yet), else the chunk holding `pos`.
+            let chunk = {
+                let segs = lock(&self.shared.segs);
+                let s = segs
+                    .get(&self.id)
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                if let Some((&s0, b)) = s.pending.range(..=pos).next_back() {
+                    let bend = s0 + b.len() as u64;
+                    if pos < bend {
+                        let n = (bend.min(end) - pos) as usize;
+                        let from = (pos - s0) as usize;
+                        buf[at..at + n].copy_from_slice(&b[from..from + n]);
+                        pos += n as u64;
+                        continue;
+                    }
+                }
+                match s.chunks.range(..=pos).next_back() {
+                    Some((&c0, &cl)) if pos < c0 + cl => (c0, cl),
+                    _ => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("segment {} has no byte at {pos} in the bucket", self.id),
+                        ))
+                    }
+                }
+            };
+            let (c0, cl) = chunk;
+            let n = ((c0 + cl).min(end) - pos) as usize;
+            self.read_chunk(c0, cl, pos - c0, &mut buf[at..at + n])?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut segs = lock(&self.shared.segs);
+        let s = segs
+            .get_mut(&self.id)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        s.pending.insert(offset, buf.to_vec());
+        drop(segs);
+        let total = self
+            .shared
+            .pending_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed)
+            + buf.len() as u64;
+        // A bound on appends held in memory while uploads lag (a slow or unreachable server):
+        // the writer uploads them itself, and waits.
+        if total > PENDING_LIMIT {
+            self.shared.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.write_all_at(&parts.concat(), offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.shared.sync_segment(self.id)
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        let segs = lock(&self.shared.segs);
+        Ok(segs.get(&self.id).map_or(0, |s| s.end()))
+    }
+
+    fn set_len(&self, _len: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "segments in a bucket are not truncated",
+        ))
+    }
+}
