@@ -137,6 +137,8 @@ pub(crate) struct Inner {
     pub patches: Mutex<Patches>,
     /// Queue of the writeback thread: small files flushed after their last close.
     pub writeback: Mutex<Option<std::sync::mpsc::Sender<Ino>>>,
+    /// Background recompression (see `bgcomp`).
+    pub bg: crate::bgcomp::Shared,
 }
 
 /// A compfs store. See the crate docs.
@@ -343,6 +345,7 @@ impl Store {
             last_durable: Mutex::new(Instant::now()),
             patches: Mutex::new(Patches::default()),
             writeback: Mutex::new(None),
+            bg: crate::bgcomp::Shared::new(opts.background, opts.threads),
             tuning: tuning.clone(),
         });
         if !opts.read_only {
@@ -413,6 +416,7 @@ impl Store {
                 .and_then(|_| self.inner.commit_durable())
         };
         self.inner.pool.shutdown();
+        self.inner.bg.shutdown_pool();
         r
     }
 

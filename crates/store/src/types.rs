@@ -180,6 +180,8 @@ pub struct OpenOptions {
     pub cache_bytes: usize,
     /// Compression worker threads (default: number of cores).
     pub threads: usize,
+    /// Background recompression: `background_compression=` and `background_delay=`.
+    pub background: crate::BackgroundPolicy,
 }
 
 impl Default for OpenOptions {
@@ -191,6 +193,7 @@ impl Default for OpenOptions {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2),
+            background: crate::BackgroundPolicy::default(),
         }
     }
 }
@@ -289,6 +292,8 @@ pub struct Stats {
     /// Bytes of file data buffered in memory, not yet committed (whole extent-sized blocks,
     /// those being compressed included).
     pub dirty_bytes: u64,
+    /// Background recompression figures.
+    pub background: crate::BackgroundStats,
 }
 
 /// What a GC pass did.
