@@ -63,6 +63,7 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
         read_only: o.read_only,
         policy: o.policy,
         cache_bytes: o.cache_bytes,
+        background: o.background,
         ..OpenOptions::default()
     };
     if let Some(n) = o.workers {
