@@ -112,6 +112,9 @@ pub(crate) struct Shared {
     pool_threads: usize,
     /// Set when the store closes: a running pass stops after its current batch.
     pub stop: AtomicBool,
+    /// The foreground activity figure when a completed pass left nothing pending: the worker
+    /// skips its scans until the figure moves or the policy changes.
+    nothing_left_at: Mutex<Option<u64>>,
 }
 
 impl Shared {
@@ -125,6 +128,7 @@ impl Shared {
             pool: OnceLock::new(),
             pool_threads: pool_threads.max(1),
             stop: AtomicBool::new(false),
+            nothing_left_at: Mutex::new(None),
         }
     }
 
@@ -206,12 +210,17 @@ fn parse_prop(v: &[u8]) -> Option<CodecSpec> {
 }
 
 impl Inner {
+    /// A figure that moves with every foreground read, write and metadata change.
+    fn activity(&self) -> u64 {
+        let c = &self.counters;
+        c.user_written.load(Ordering::Relaxed)
+            + c.user_read.load(Ordering::Relaxed)
+            + self.bg.fg_txns.load(Ordering::Relaxed)
+    }
+
     /// Whether a foreground read, write or metadata change happened within [`IDLE_AFTER`].
     pub(crate) fn busy(&self) -> bool {
-        let c = &self.counters;
-        let now = c.user_written.load(Ordering::Relaxed)
-            + c.user_read.load(Ordering::Relaxed)
-            + self.bg.fg_txns.load(Ordering::Relaxed);
+        let now = self.activity();
         let mut last = lock(&self.bg.last);
         if last.0 != now {
             *last = (now, Instant::now());
@@ -241,7 +250,8 @@ impl Inner {
         let map = txn.open_table(meta::EXTMAP)?;
         let extents = txn.open_table(meta::EXTENTS)?;
         let now = Timestamp::now();
-        let settled = lock(&self.bg.settled).clone();
+        let mut settled = std::mem::take(&mut *lock(&self.bg.settled));
+        let mut kept = HashMap::new();
         let mut out = Vec::new();
         for row in inodes.iter()? {
             let (k, v) = row?;
@@ -256,7 +266,8 @@ impl Inner {
             let Some(target) = own.or(pol.spec) else {
                 continue;
             };
-            if settled.get(&ino) == Some(&(rec.mtime, target)) {
+            if let Some(v) = settled.remove(&ino).filter(|v| *v == (rec.mtime, target)) {
+                kept.insert(ino, v);
                 continue;
             }
             let (n, bytes) = off_target(&map, &extents, ino, &rec, recorded(target))?;
@@ -274,6 +285,8 @@ impl Inner {
                 bytes,
             });
         }
+        // Entries of files removed or changed since are dropped; the worker adds new ones.
+        lock(&self.bg.settled).extend(kept);
         Ok(out)
     }
 
@@ -285,12 +298,21 @@ impl Inner {
     ) -> Result<BackgroundStats> {
         self.check_writable()?;
         let pol = self.bg.policy();
+        let activity = self.activity();
         let found = self.scan(&pol)?;
         {
             let mut s = lock(&self.bg.stats);
             s.files_pending = found.len() as u64;
             s.extents_pending = found.iter().map(|c| c.extents).sum();
             s.bytes_pending = found.iter().map(|c| c.bytes).sum();
+        }
+        if !found.iter().any(|c| c.cold) {
+            let mut s = lock(&self.bg.stats);
+            s.passes += 1;
+            if found.is_empty() {
+                *lock(&self.bg.nothing_left_at) = Some(activity);
+            }
+            return Ok(*s);
         }
         let pool = match self.bg.pool.get() {
             Some(p) => p,
@@ -375,6 +397,9 @@ pub(crate) fn worker_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>) 
         if inner.ro_flag.load(Ordering::SeqCst) || inner.busy() {
             continue;
         }
+        if *lock(&inner.bg.nothing_left_at) == Some(inner.activity()) {
+            continue;
+        }
         let mut hold = || loop {
             if inner.bg.stop.load(Ordering::SeqCst) || inner.ro_flag.load(Ordering::SeqCst) {
                 return false;
@@ -396,6 +421,7 @@ impl Store {
         if let Ok(mut g) = self.inner.bg.policy.write() {
             *g = p;
         }
+        *lock(&self.inner.bg.nothing_left_at) = None;
     }
 
     /// The background target and delay in force.
