@@ -8,7 +8,8 @@
 //!   sampled every 100 ms from open until nothing is pending (table and SVG);
 //! * **copy**: writing a second copy of the corpus (store API, synced) into a store whose first
 //!   copy is still pending, with the worker enabled against the same store state without it,
-//!   alternating, `runs` times each: medians and spread.
+//!   alternating, `runs` times each: medians and spread. Both start 3 s after open (the one
+//!   with the worker not before it has written).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -168,15 +169,15 @@ pub fn measure(
         for with in [false, true] {
             prepare(&dir, from, threads, files)?;
             let s = open(&dir, threads, with.then_some(to))?;
-            if with {
-                // Start once the worker is rewriting.
-                let t = Instant::now();
-                while s.stats().background.bytes_done == 0 && t.elapsed() < Duration::from_secs(60)
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            } else {
-                std::thread::sleep(Duration::from_millis(800));
+            // Both copies start 3 s after open; the one with background work not before the
+            // worker has appended its first extents.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(3)
+                || (with
+                    && s.stats().segment_bytes_written == 0
+                    && t.elapsed() < Duration::from_secs(60))
+            {
+                std::thread::sleep(Duration::from_millis(20));
             }
             let done0 = s.stats().background.bytes_done;
             let t = Instant::now();
