@@ -20,6 +20,7 @@
 //! when a run ends, also on error. `fs`, `bonnie` and `blk` start daemons by running the current
 //! executable (`compfs mount`, `compfs blk serve`), so they must be called from `compfs`.
 
+pub mod background;
 pub mod blk;
 pub mod bonnie;
 pub mod codecs;

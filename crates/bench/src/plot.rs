@@ -433,6 +433,66 @@ pub fn bonnie(rows: &[crate::bonnie::Row], dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `bench recompress --background --svg`: the store's ratio while the worker runs, and the
+/// ratio of writing at the target directly.
+pub fn ratio_over_time(
+    b: &crate::background::BgReport,
+    ratio_direct: f64,
+    path: &Path,
+) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed!("{e}"))?;
+    let tmax = b.samples.last().map_or(1.0, |s| s.0).max(0.1) * 1.05;
+    let (lo, hi) = b
+        .samples
+        .iter()
+        .fold((ratio_direct, ratio_direct), |(lo, hi), s| {
+            (lo.min(s.1), hi.max(s.1))
+        });
+    let pad = ((hi - lo) * 0.1).max(0.01);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "compfs background recompression: store ratio over time",
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..tmax, (lo - pad)..(hi + pad))
+        .map_err(|e| failed!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since mount")
+        .y_desc("ratio (referenced / disk)")
+        .draw()
+        .map_err(|e| failed!("{e}"))?;
+    chart
+        .draw_series(LineSeries::new(
+            b.samples.iter().map(|s| (s.0, s.1)),
+            BLUE.stroke_width(2),
+        ))
+        .map_err(|e| failed!("{e}"))?
+        .label("background worker")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, ratio_direct), (tmax, ratio_direct)],
+            RED.stroke_width(1),
+        ))
+        .map_err(|e| failed!("{e}"))?
+        .label("written at the target directly")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| failed!("{e}"))?;
+    root.present().map_err(|e| failed!("{e}"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

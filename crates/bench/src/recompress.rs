@@ -40,6 +40,16 @@ pub struct Args {
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also measure background recompression (`background_compression=TO`): one pass against
+    /// defrag, the worker's ratio over time, and a copy during it against one without.
+    #[arg(long)]
+    pub background: bool,
+    /// Copies with and without background work (each) for `--background`.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// `--background`: draw the ratio over time as an SVG here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -65,6 +75,8 @@ struct Report {
     second_vs_first: f64,
     first: Figures,
     second: Figures,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    background: Option<crate::background::BgReport>,
 }
 
 #[derive(Serialize, Debug, Default, Clone, Copy)]
@@ -190,6 +202,7 @@ pub fn run(a: Args) -> Result<()> {
         second_vs_first: d2.as_secs_f64() / d1.as_secs_f64().max(1e-9),
         first: first.into(),
         second: second.into(),
+        background: None,
     };
     println!(
         "ratio: written at {from} {:.3}, written at {to} {:.3}, after defrag {:.3} ({:.4}x direct; target >= 0.99)",
@@ -218,9 +231,50 @@ pub fn run(a: Args) -> Result<()> {
         100.0 * rep.second_vs_first,
         second.extents_rewritten
     );
+    let mut rep = rep;
+    if a.background {
+        let b = crate::background::measure(
+            base,
+            &files,
+            from,
+            to,
+            threads,
+            rep.defrag_mb_s,
+            rep.ratio_direct,
+            a.runs.max(1),
+        )?;
+        print_background(&b, to);
+        if let Some(p) = &a.svg {
+            crate::plot::ratio_over_time(&b, rep.ratio_direct, p)?;
+        }
+        rep.background = Some(b);
+    }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&rep)?)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     Ok(())
+}
+
+fn print_background(b: &crate::background::BgReport, to: CodecSpec) {
+    println!(
+        "background pass: {:.2} s, {:.1} MB/s ({:.2}x defrag; target >= 0.9), ratio {:.3}",
+        b.pass_secs, b.pass_mb_s, b.pass_vs_defrag, b.ratio_after_pass
+    );
+    println!(
+        "background worker (background_compression={to}, background_delay=0): done in {:.2} s from open, ratio {:.3} ({:.4}x direct; target >= 0.99)",
+        b.worker_secs, b.ratio_after_worker, b.worker_ratio_vs_direct
+    );
+    println!("  seconds  ratio  MB rewritten");
+    let mut next = 0.0;
+    for (i, &(t, r, mb)) in b.samples.iter().enumerate() {
+        if t >= next || i + 1 == b.samples.len() {
+            println!("  {t:7.2}  {r:.3}  {mb:8.1}");
+            next = t + 0.5;
+        }
+    }
+    println!(
+        "copy without background: {:?} s; with: {:?} s ({:?} MB rewritten meanwhile); median ratio {:.3} (target >= 0.9)",
+        b.copy_without, b.copy_with, b.rewritten_during_copy, b.copy_ratio
+    );
 }

@@ -64,6 +64,7 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
         policy: o.policy,
         cache_bytes: o.cache_bytes,
         min_saving: o.min_saving,
+        background: o.background,
         ..OpenOptions::default()
     };
     if let Some(n) = o.workers {

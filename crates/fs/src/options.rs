@@ -5,6 +5,8 @@
 //! means zlib at level 3. Options that `mount(8)` and fstab add (`defaults`, `noauto`, `user`,
 //! `_netdev`, `x-*`, ...) are accepted and ignored, as every `mount.fuse` helper does.
 
+use std::time::Duration;
+
 use compfs_codec::{bare_compress, CodecSpec, LevelAdjustment, MinSaving, Mode};
 
 use crate::atime::{AtimeMode, AtimePolicy};
@@ -62,6 +64,9 @@ pub struct MountOptions {
     /// ([`compfs_codec::MinSaving`]): when it is shorter than the raw bytes, or, as btrfs, when
     /// it saves a whole 4 KiB sector.
     pub min_saving: MinSaving,
+    /// `background_compression=ALG[:LEVEL]` (bcachefs's name; `none` turns it off) and
+    /// `background_delay=SECS` (default 60): background recompression of cold files.
+    pub background: compfs_store::BackgroundPolicy,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
 }
@@ -98,6 +103,7 @@ impl Default for MountOptions {
             atime: AtimePolicy::default(),
             acl: true,
             min_saving: compfs_store::DEFAULT_MIN_SAVING,
+            background: compfs_store::BackgroundPolicy::default(),
             warnings: Vec::new(),
         }
     }
@@ -159,6 +165,7 @@ const BTRFS_ONLY: &[&str] = &[
 /// Every option compfs understands, for error messages.
 pub const VALID_OPTIONS: &str =
     "compress, compress=ALG[:LEVEL], compress=no, compress-force[=ALG[:LEVEL]], \
+background_compression=ALG[:LEVEL], background_delay=SECS, \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
 nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl, \
 worth_it=bytes, worth_it=sector";
@@ -202,6 +209,25 @@ impl MountOptions {
                     self.warnings.push(describe_adjustment(&adj));
                 }
                 self.policy = Some((parsed.spec, mode));
+            }
+            ("background_compression", Some(v)) => {
+                let parsed = CodecSpec::parse(v).map_err(|e| OptionError::Compression {
+                    option: opt.to_string(),
+                    detail: e.to_string(),
+                })?;
+                if let Some(adj) = parsed.adjustment {
+                    self.warnings.push(describe_adjustment(&adj));
+                }
+                self.background.spec = Some(parsed.spec).filter(|s| !s.is_none());
+            }
+            ("background_delay", Some(v)) => {
+                let secs = v.trim().parse::<u64>().ok().filter(|&n| n <= 1 << 32);
+                self.background.delay =
+                    secs.map(Duration::from_secs)
+                        .ok_or_else(|| OptionError::BadValue {
+                            option: opt.to_string(),
+                            expected: "a number of seconds such as background_delay=60",
+                        })?;
             }
             ("ro", None) => self.read_only = true,
             ("rw", None) => self.read_only = false,
@@ -282,11 +308,20 @@ impl MountOptions {
                 })
             }
             ("ro" | "rw" | "allow_other" | "allow_root", Some(_))
-            | ("cache" | "threads" | "fuse_threads", None) => {
+            | (
+                "cache"
+                | "threads"
+                | "fuse_threads"
+                | "background_compression"
+                | "background_delay",
+                None,
+            ) => {
                 return Err(OptionError::BadValue {
                     option: opt.to_string(),
                     expected: match key {
                         "cache" => "cache=SIZE, e.g. cache=64M",
+                        "background_compression" => "background_compression=ALG[:LEVEL]",
+                        "background_delay" => "background_delay=SECS",
                         "threads" | "fuse_threads" => "a count such as threads=2",
                         _ => "no value",
                     },
@@ -309,6 +344,13 @@ impl MountOptions {
             Some((spec, Mode::Heuristic)) if spec.is_none() => parts.push("compress=no".into()),
             Some((spec, mode)) => parts.push(format!("{mode}={spec}")),
             None => {}
+        }
+        if let Some(s) = self.background.spec {
+            parts.push(format!("background_compression={s}"));
+            parts.push(format!(
+                "background_delay={}",
+                self.background.delay.as_secs()
+            ));
         }
         parts.push(if self.read_only { "ro" } else { "rw" }.to_string());
         if self.allow_other {
@@ -496,6 +538,46 @@ mod tests {
             parse("cache=12Q"),
             Err(OptionError::BadValue { .. })
         ));
+    }
+
+    #[test]
+    fn background_options() {
+        let d = parse("").unwrap().background;
+        assert_eq!((d.spec, d.delay), (None, Duration::from_secs(60)));
+        let o = parse("compress-force=zstd:1,background_compression=zstd:9,background_delay=5")
+            .unwrap();
+        assert_eq!(o.background.spec.unwrap().to_string(), "zstd:9");
+        assert_eq!(o.background.delay, Duration::from_secs(5));
+        assert_eq!(o.policy.unwrap().0.level(), 1);
+        assert_eq!(
+            o.describe(),
+            "compress-force=zstd:1,background_compression=zstd:9,background_delay=5,rw,cache=65536K"
+        );
+        assert_eq!(
+            parse("background_compression=lz4")
+                .unwrap()
+                .background
+                .spec
+                .unwrap()
+                .to_string(),
+            "lz4"
+        );
+        // none turns it off again (bcachefs); a clamped level warns like compress=.
+        let o = parse("background_compression=zstd:9,background_compression=none").unwrap();
+        assert_eq!(o.background.spec, None);
+        let o = parse("background_compression=zlib:12").unwrap();
+        assert_eq!(o.background.spec.unwrap().level(), 9);
+        assert_eq!(o.warnings.len(), 1);
+        for bad in [
+            "background_compression=brotli",
+            "background_compression",
+            "background_delay",
+            "background_delay=-1",
+            "background_delay=1m",
+            "background_delay=99999999999",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -114,6 +114,14 @@ impl StatsRecord {
         put("live_bytes", s.live_bytes);
         put("read_only", u64::from(s.read_only));
         put("dirty_bytes", s.dirty_bytes);
+        let b = &s.background;
+        put("background.files_pending", b.files_pending);
+        put("background.extents_pending", b.extents_pending);
+        put("background.bytes_pending", b.bytes_pending);
+        put("background.extents_done", b.extents_done);
+        put("background.bytes_done", b.bytes_done);
+        put("background.bytes_saved", b.bytes_saved);
+        put("background.passes", b.passes);
         for (codec, n) in &s.extents_compressed {
             put(&format!("extents_compressed.{codec}"), *n);
         }
@@ -226,6 +234,21 @@ impl StatsRecord {
             mb(self.get("segment_bytes")),
             mb(self.get("live_bytes"))
         );
+        let _ = writeln!(
+            out,
+            "background pending       {} extents, {} in {} files",
+            self.get("background.extents_pending"),
+            mb(self.get("background.bytes_pending")),
+            self.get("background.files_pending")
+        );
+        let _ = writeln!(
+            out,
+            "background done          {} extents, {}, {} saved ({} passes)",
+            self.get("background.extents_done"),
+            mb(self.get("background.bytes_done")),
+            mb(self.get("background.bytes_saved")),
+            self.get("background.passes")
+        );
         if self.get("read_only") != 0 {
             let _ = writeln!(
                 out,
@@ -249,6 +272,15 @@ mod tests {
             ..Default::default()
         };
         s.extents_compressed.insert("zstd".into(), 7);
+        s.background = compfs_store::BackgroundStats {
+            files_pending: 2,
+            extents_pending: 5,
+            bytes_pending: 1 << 20,
+            extents_done: 9,
+            bytes_done: 2 << 20,
+            bytes_saved: 512 << 10,
+            passes: 4,
+        };
         let r = StatsRecord::from_stats(&s);
         let back = StatsRecord::decode(&r.encode()).unwrap();
         assert_eq!(back, r);
@@ -259,6 +291,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("cache hit rate           75.0%"), "{text}");
+        assert!(
+            text.contains("background pending       5 extents, 1.0 MiB in 2 files"),
+            "{text}"
+        );
+        assert!(
+            text.contains("background done          9 extents, 2.0 MiB, 0.5 MiB saved (4 passes)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The store's background threads: the periodic flusher (flush, durable commit, automatic GC),
-//! the writeback thread of closed files and the segment syncer.
+//! the writeback thread of closed files, the segment syncer and the background recompression
+//! worker (`bgcomp`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -13,6 +14,7 @@ use crate::types::*;
 /// The segment syncer: `fdatasync`s segments in the background while they are written (see
 /// `Inner::mark_unsynced`).
 pub(crate) fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>) {
+    crate::bgcomp::mark_quiet();
     while rx.recv().is_ok() {
         let Some(inner) = weak.upgrade() else { return };
         inner.sync_segments_background();
@@ -22,6 +24,7 @@ pub(crate) fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>)
 /// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
 /// closing thread (a FUSE request) does not compress and commit.
 fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
+    crate::bgcomp::mark_quiet();
     while let Ok(first) = rx.recv() {
         let Some(inner) = weak.upgrade() else { return };
         // Everything queued so far goes in one batch (one transaction).
@@ -37,6 +40,7 @@ fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
 }
 
 fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Duration) {
+    crate::bgcomp::mark_quiet();
     loop {
         match rx.recv_timeout(iv) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -72,6 +76,7 @@ pub(crate) struct Threads {
     flusher: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
     writeback: Option<JoinHandle<()>>,
     segsync: Option<JoinHandle<()>>,
+    recompress: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
 impl Threads {
@@ -116,15 +121,34 @@ impl Threads {
             *lock(&inner.segsync) = Some(tx);
             Some(h)
         };
+        // Background recompression runs where the flusher does (a store opened for writing
+        // with background threads; tests without them call `Store::background_pass`).
+        let recompress = match &flusher {
+            Some(_) => {
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let weak: Weak<Inner> = Arc::downgrade(inner);
+                let h = std::thread::Builder::new()
+                    .name("compfs-bgcomp".into())
+                    .spawn(move || crate::bgcomp::worker_loop(weak, rx))?;
+                Some((tx, h))
+            }
+            None => None,
+        };
         Ok(Threads {
             flusher,
             writeback,
             segsync,
+            recompress,
         })
     }
 
     /// Stops the threads: each finishes what it is doing and exits once its queue closes.
     pub(crate) fn stop(&mut self, inner: &Inner) {
+        inner.bg.stop.store(true, Ordering::SeqCst);
+        if let Some((tx, h)) = self.recompress.take() {
+            drop(tx);
+            let _ = h.join();
+        }
         if let Some((tx, h)) = self.flusher.take() {
             drop(tx);
             let _ = h.join();

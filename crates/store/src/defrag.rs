@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::file::kind_error;
 use crate::flush::FlushMeta;
 use crate::meta::{self, dec};
+use crate::pool::Pool;
 use crate::read::inode_in;
 use crate::records::{ExtentRec, InodeRec, MapRec};
 use crate::span;
@@ -209,18 +210,36 @@ impl Store {
         target: &DefragTarget,
         progress: &mut dyn FnMut(&DefragReport),
     ) -> Result<DefragReport> {
-        let res = self.defrag_inner(ino, target, progress);
+        let run = DefragRun {
+            pool: &self.inner.pool,
+            control: &mut |r| {
+                progress(r);
+                true
+            },
+        };
+        let res = self.inner.defrag_file(ino, target, run);
         self.inner.maybe_forget(ino);
         res
     }
+}
 
-    fn defrag_inner(
+/// How a defrag runs: on which compression pool, and a callback after each batch that may
+/// hold the run (it is called with no lock held) or stop it (returns false; the figures so far
+/// are returned, everything committed so far stays).
+pub(crate) struct DefragRun<'a> {
+    pub pool: &'a Pool,
+    pub control: &'a mut dyn FnMut(&DefragReport) -> bool,
+}
+
+impl Inner {
+    pub(crate) fn defrag_file(
         &self,
         ino: Ino,
         target: &DefragTarget,
-        progress: &mut dyn FnMut(&DefragReport),
+        run: DefragRun<'_>,
     ) -> Result<DefragReport> {
-        let inner = &self.inner;
+        let inner = self;
+        let DefragRun { pool, control } = run;
         inner.check_writable()?;
         let e = inner.sb.extent_size as u64;
         let policy = target.resolve(inner.file_policy(ino)?);
@@ -249,6 +268,7 @@ impl Store {
         // Batches being compressed on the pool: the next batch is read (decompressed) while
         // the previous one compresses, and committed by this thread meanwhile.
         let mut flying: VecDeque<Batch> = VecDeque::new();
+        let mut stopped = false;
         for chunk in blocks.chunks(inner.tuning.flush_blocks.max(2)) {
             let (Some(&first), Some(&last)) = (chunk.first(), chunk.last()) else {
                 continue;
@@ -286,21 +306,26 @@ impl Store {
                 Ok(())
             })?;
             if !jobs.is_empty() {
-                let (rx, n) = inner.submit_grouped(jobs);
+                let (rx, n) = inner.submit_grouped_on(pool, jobs);
                 batch.rx = Some(rx);
                 batch.n = n;
                 flying.push_back(batch);
             }
             while flying.len() > PIPELINE_BATCHES {
                 if let Some(b) = flying.pop_front() {
-                    self.commit_batch(ino, b, &mut r, &mut rewritten)?;
+                    inner.commit_batch(ino, b, &mut r, &mut rewritten)?;
                 }
             }
-            progress(&r);
+            if !control(&r) {
+                stopped = true;
+                break;
+            }
         }
         while let Some(b) = flying.pop_front() {
-            self.commit_batch(ino, b, &mut r, &mut rewritten)?;
-            progress(&r);
+            inner.commit_batch(ino, b, &mut r, &mut rewritten)?;
+            if !stopped {
+                control(&r);
+            }
         }
         r.extents_rewritten = rewritten.len() as u64;
         r.extents_skipped = r.extents_examined.saturating_sub(r.extents_rewritten);
@@ -317,7 +342,7 @@ impl Store {
         r: &mut DefragReport,
         rewritten: &mut BTreeSet<u64>,
     ) -> Result<()> {
-        let inner = &self.inner;
+        let inner = self;
         let e = inner.sb.extent_size as u64;
         let Some(rx) = b.rx else { return Ok(()) };
         let mut results: Vec<EncodedBlock> = Vec::new();
@@ -381,7 +406,9 @@ impl Store {
             Ok(())
         })
     }
+}
 
+impl Store {
     /// Rewrites a file's data with `policy` (default: the file's own policy), like
     /// `btrfs filesystem defragment -c`; extents already stored that way are kept
     /// ([`Store::defrag`]).

@@ -212,7 +212,16 @@ impl Inner {
         &self,
         jobs: Vec<EncodeJob>,
     ) -> (std::sync::mpsc::Receiver<(usize, Vec<EncodedBlock>)>, usize) {
-        let groups = (self.pool.threads * 2).clamp(1, jobs.len().max(1));
+        self.submit_grouped_on(&self.pool, jobs)
+    }
+
+    /// [`Inner::submit_grouped`] on another pool (background recompression's idle workers).
+    pub(crate) fn submit_grouped_on(
+        &self,
+        pool: &crate::pool::Pool,
+        jobs: Vec<EncodeJob>,
+    ) -> (std::sync::mpsc::Receiver<(usize, Vec<EncodedBlock>)>, usize) {
+        let groups = (pool.threads * 2).clamp(1, jobs.len().max(1));
         let per = jobs.len().div_ceil(groups).max(1);
         let mut grouped: Vec<Vec<EncodeJob>> = Vec::new();
         let mut it = jobs.into_iter().peekable();
@@ -220,7 +229,7 @@ impl Inner {
             grouped.push(it.by_ref().take(per).collect());
         }
         let n = grouped.len();
-        let rx = self.pool.submit(
+        let rx = pool.submit(
             grouped
                 .into_iter()
                 .map(|g| {

@@ -31,6 +31,7 @@
 mod attrs;
 pub mod backend;
 mod background;
+mod bgcomp;
 mod cache;
 mod defrag;
 mod encode;
@@ -71,6 +72,9 @@ pub mod format {
     };
 }
 
+pub use bgcomp::{
+    BackgroundPolicy, BackgroundStats, BACKGROUND_XATTR, DEFAULT_BACKGROUND_DELAY, IDLE_AFTER,
+};
 pub use compfs_codec::{CodecSpec, MinSaving, Mode};
 pub use defrag::{DefragReport, DefragTarget};
 pub use error::{Error, Result};

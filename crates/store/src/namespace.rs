@@ -173,13 +173,11 @@ impl Inner {
             };
             w.put_inode(ino, &rec)?;
             if matches!(kind, FileKind::File | FileKind::Dir) {
-                let inherited = w
-                    .xattrs()?
-                    .get((parent, COMPRESSION_XATTR))?
-                    .map(|v| v.value().to_vec());
-                if let Some(v) = inherited {
-                    w.xattrs_mut()?
-                        .insert((ino, COMPRESSION_XATTR), v.as_slice())?;
+                for prop in [COMPRESSION_XATTR, crate::BACKGROUND_XATTR] {
+                    let inherited = w.xattrs()?.get((parent, prop))?.map(|v| v.value().to_vec());
+                    if let Some(v) = inherited {
+                        w.xattrs_mut()?.insert((ino, prop), v.as_slice())?;
+                    }
                 }
             }
             w.add_dirent(parent, &mut p, name, ino, kind)?;
@@ -705,7 +703,8 @@ impl Store {
         }
     }
 
-    /// Sets an xattr. `compfs.compression` takes a codec spec (validated; empty clears it).
+    /// Sets an xattr. `compfs.compression` and `compfs.background_compression` take a codec
+    /// spec (validated; empty clears it).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
@@ -721,7 +720,7 @@ impl Store {
         }
         let mut value = value.to_vec();
         let mut clear = false;
-        if name == COMPRESSION_XATTR {
+        if name == COMPRESSION_XATTR || name == crate::BACKGROUND_XATTR {
             let s = std::str::from_utf8(&value)
                 .map_err(|_| Error::InvalidArgument("compression value is not UTF-8".into()))?
                 .trim()

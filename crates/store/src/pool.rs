@@ -17,6 +17,13 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        Pool::named(threads, "compfs-zip", false)
+    }
+
+    /// A pool whose threads are called `prefix0`, `prefix1`, ...; with `idle` they run under
+    /// `SCHED_IDLE` (they get a core only when nothing else wants it; they hold no locks, so
+    /// starving them delays only their own work).
+    pub(crate) fn named(threads: usize, prefix: &str, idle: bool) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
@@ -25,8 +32,11 @@ impl Pool {
             let rx: Arc<Mutex<Receiver<Job>>> = rx.clone();
             workers.push(
                 std::thread::Builder::new()
-                    .name(format!("compfs-zip{i}"))
+                    .name(format!("{prefix}{i}"))
                     .spawn(move || {
+                        if idle {
+                            set_idle_scheduling();
+                        }
                         let mut enc = ExtentEncoder::new();
                         loop {
                             let job = match rx.lock() {
@@ -90,5 +100,31 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Puts the calling thread under `SCHED_IDLE` (Linux applies `sched_setscheduler(0, ..)` to the
+/// calling thread). A failure is logged: the work still runs, at normal priority.
+pub(crate) fn set_idle_scheduling() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; pid 0 names the calling thread.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if r != 0 {
+        tracing::warn!(
+            "compfs: SCHED_IDLE refused ({}); background work runs at normal priority",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Lowers the calling thread's nice value to `nice` (Linux: per thread).
+pub(crate) fn set_nice(nice: i32) {
+    // SAFETY: plain syscall; gettid names the calling thread.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if r != 0 {
+        tracing::warn!(
+            "compfs: setpriority({nice}) refused ({})",
+            std::io::Error::last_os_error()
+        );
     }
 }

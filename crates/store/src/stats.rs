@@ -49,6 +49,7 @@ impl Inner {
             cache_misses: ld(&c.cache_misses),
             read_only: self.ro_flag.load(Ordering::SeqCst) || self.read_only_open,
             dirty_bytes: self.dirty_bytes.load(Ordering::Relaxed) as u64,
+            background: *crate::store::lock(&self.bg.stats),
             ..Stats::default()
         };
         for a in compfs_codec::Algorithm::ALL {

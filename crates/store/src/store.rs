@@ -150,6 +150,8 @@ pub(crate) struct Inner {
     pub writeback: Mutex<Option<std::sync::mpsc::Sender<Ino>>>,
     /// Preallocated ranges' total and the host space held for them (see `prealloc`).
     pub reserve: Reserve,
+    /// Background recompression (see `bgcomp`).
+    pub bg: crate::bgcomp::Shared,
 }
 
 /// A compfs store. See the crate docs.
@@ -356,6 +358,7 @@ impl Store {
             patches: Mutex::new(Patches::default()),
             writeback: Mutex::new(None),
             reserve,
+            bg: crate::bgcomp::Shared::new(opts.background, opts.threads),
             tuning: tuning.clone(),
         });
         if !opts.read_only {
@@ -426,6 +429,7 @@ impl Store {
                 .and_then(|_| self.inner.commit_durable())
         };
         self.inner.pool.shutdown();
+        self.inner.bg.shutdown_pool();
         if r.is_ok() && !self.inner.read_only_open && !self.inner.ro_flag.load(Ordering::SeqCst) {
             self.compact_meta();
         }

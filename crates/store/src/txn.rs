@@ -61,6 +61,7 @@ impl Inner {
         durable: bool,
         body: impl FnOnce(&mut W<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.bg.note_txn();
         let txn = self.begin(durable)?;
         let (out, reserve_delta) = {
             let mut w = W::open(&txn).map_err(|e| self.fail_storage(e))?;

@@ -184,6 +184,8 @@ pub struct OpenOptions {
     /// than the raw bytes, since extents are packed byte by byte) or [`MinSaving::Sectors`]
     /// (btrfs's rule, for btrfs-identical accounting; mount option `worth_it=sector`).
     pub min_saving: MinSaving,
+    /// Background recompression: `background_compression=` and `background_delay=`.
+    pub background: crate::BackgroundPolicy,
 }
 
 /// The store's default worth-it rule: a compressed extent is kept when it is at least one byte
@@ -200,6 +202,7 @@ impl Default for OpenOptions {
                 .map(|n| n.get())
                 .unwrap_or(2),
             min_saving: DEFAULT_MIN_SAVING,
+            background: crate::BackgroundPolicy::default(),
         }
     }
 }
@@ -300,6 +303,8 @@ pub struct Stats {
     /// Bytes of file data buffered in memory, not yet committed (whole extent-sized blocks,
     /// those being compressed included).
     pub dirty_bytes: u64,
+    /// Background recompression figures.
+    pub background: crate::BackgroundStats,
 }
 
 /// What a GC pass did.

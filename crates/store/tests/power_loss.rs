@@ -386,13 +386,37 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
             90..=93 => {
                 s.gc().unwrap();
             }
-            // Recompress with another codec.
+            // Recompression: of one file to another codec, `defrag` to a zstd level (the
+            // heuristic or --force), or a background pass over every file.
             _ => {
-                let Some((_, ino)) = pick(&mut rng) else {
-                    continue;
-                };
                 let c = CODECS[rng.below(CODECS.len())];
-                s.recompress(ino, Some((spec(c), Mode::Force))).unwrap();
+                match rng.below(3) {
+                    0 => {
+                        let Some((_, ino)) = pick(&mut rng) else {
+                            continue;
+                        };
+                        s.recompress(ino, Some((spec(c), Mode::Force))).unwrap();
+                    }
+                    1 => {
+                        let Some((_, ino)) = pick(&mut rng) else {
+                            continue;
+                        };
+                        let t = DefragTarget {
+                            spec: Some(spec(&format!("zstd:{}", 1 + rng.below(9)))),
+                            level: None,
+                            force: rng.below(2) == 0,
+                        };
+                        s.defrag(ino, &t, &mut |_| {}).unwrap();
+                    }
+                    _ => {
+                        s.set_background(BackgroundPolicy {
+                            spec: Some(spec(c)),
+                            delay: Duration::ZERO,
+                        });
+                        s.background_pass().unwrap();
+                        s.set_background(BackgroundPolicy::default());
+                    }
+                }
             }
         }
     }
@@ -413,6 +437,12 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
             s.recompress(ino, Some((spec("zstd:1"), Mode::Force)))
                 .unwrap();
         }
+        // So does a background pass, over every file.
+        s.set_background(BackgroundPolicy {
+            spec: Some(spec("zstd:5")),
+            delay: Duration::ZERO,
+        });
+        s.background_pass().unwrap();
         // The store fails, latching read-only, and is dropped without a durable commit;
         // redb's close then makes its last non-durable commit durable (writing its header),
         // unless compfs refuses (after a failed segment sync). Then the power fails.

@@ -20,6 +20,7 @@ use compfs_store::{OpenOptions, Store, ROOT_INO};
 
 /// The compression property's xattr.
 const COMPRESSION_XATTR: &str = "compfs.compression";
+const BACKGROUND_XATTR: &str = "compfs.background_compression";
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -35,7 +36,8 @@ pub struct MountArgs {
                 compress-force[=ALG[:LEVEL]], compress=no, ro, allow_other, cache=SIZE, \
                 threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime, acl (default), noacl, \
                 worth_it=bytes (default: keep an extent compressed if it is shorter) or \
-                worth_it=sector (btrfs: only if it saves a 4 KiB sector)"
+                worth_it=sector (btrfs: only if it saves a 4 KiB sector), \
+                background_compression=ALG[:LEVEL], background_delay=SECS (default 60)"
     )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
@@ -63,13 +65,15 @@ pub struct UsageArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum PropertyCommand {
-    /// Print a property (only `compression` exists); prints nothing when it is not set.
+    /// Print a property (`compression` or `background_compression`); prints nothing when it is
+    /// not set.
     Get {
         path: PathBuf,
         #[arg(default_value = "compression")]
         name: String,
     },
-    /// Set a property: `compression VALUE` (zstd:5, lz4, none, ...; "" clears it).
+    /// Set a property: `compression VALUE` or `background_compression VALUE` (zstd:5, lz4,
+    /// none, ...; "" clears it). Both are inherited by new files and directories.
     Set {
         path: PathBuf,
         name: String,
@@ -362,22 +366,22 @@ fn store_usage(dir: &Path) -> Result<UsageReport> {
 pub fn property(c: PropertyCommand) -> Result<ExitCode> {
     match c {
         PropertyCommand::Get { path, name } => {
-            check_property(&name)?;
-            match xattr::get(&path, COMPRESSION_XATTR) {
-                Ok(Some(v)) => println!("compression={}", String::from_utf8_lossy(&v)),
+            let xattr_name = property_xattr(&name)?;
+            match xattr::get(&path, xattr_name) {
+                Ok(Some(v)) => println!("{name}={}", String::from_utf8_lossy(&v)),
                 Ok(None) => {}
                 Err(e) => return Err(not_compfs(&path, &e)),
             }
         }
         PropertyCommand::Set { path, name, value } => {
-            check_property(&name)?;
+            let xattr_name = property_xattr(&name)?;
             if !value.is_empty() {
-                CodecSpec::parse(&value).map_err(|e| anyhow!("invalid compression: {e}"))?;
+                CodecSpec::parse(&value).map_err(|e| anyhow!("invalid {name}: {e}"))?;
             }
-            xattr::set(&path, COMPRESSION_XATTR, value.as_bytes()).map_err(|e| {
+            xattr::set(&path, xattr_name, value.as_bytes()).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     anyhow!(
-                        "{}: compfs refused compression '{value}' (EINVAL)",
+                        "{}: compfs refused {name} '{value}' (EINVAL)",
                         path.display()
                     )
                 } else {
@@ -389,11 +393,15 @@ pub fn property(c: PropertyCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn check_property(name: &str) -> Result<()> {
-    if name != "compression" {
-        bail!("unknown property '{name}'; the only property is 'compression'");
+/// The xattr behind a property name.
+fn property_xattr(name: &str) -> Result<&'static str> {
+    match name {
+        "compression" => Ok(COMPRESSION_XATTR),
+        "background_compression" => Ok(BACKGROUND_XATTR),
+        _ => bail!(
+            "unknown property '{name}'; the properties are 'compression' and 'background_compression'"
+        ),
     }
-    Ok(())
 }
 
 /// `compfs stats`.
