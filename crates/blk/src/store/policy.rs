@@ -189,7 +189,7 @@ impl PageStore {
         w.refilled_at = now;
     }
 
-    /// Sets `writeback_batch_size` (1..=[`MAX_WRITEBACK_BATCH`]).
+    /// Sets `writeback_batch_size` (1 to `MAX_WRITEBACK_BATCH`, 4096 pages).
     pub fn set_writeback_batch_size(&self, pages: usize) -> Result<(), BlkError> {
         if !(1..=MAX_WRITEBACK_BATCH).contains(&pages) {
             return Err(BlkError::Remote(format!(
