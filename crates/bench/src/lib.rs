@@ -29,6 +29,7 @@ mod error;
 pub mod fio;
 pub mod fs;
 pub mod heuristic;
+pub mod mounts;
 pub mod objstore;
 pub mod plot;
 pub mod recompress;

@@ -14,6 +14,7 @@ pub mod error;
 pub mod extents;
 pub mod meta;
 pub mod nbd;
+pub mod nbd_consts;
 pub mod pool;
 pub mod server;
 pub mod store;
