@@ -86,10 +86,17 @@ impl Inflight {
 
     /// Claims `k` unless another thread is fetching it.
     pub fn claim(&self, k: Key) -> Option<Claim<'_>> {
-        self.lock().insert(k).then_some(Claim {
-            owner: self,
-            key: k,
-        })
+        // Not `then_some`: it would build a claim while the lock is held, and its drop (when
+        // `k` is taken) would release `k` and lock again.
+        let fresh = self.lock().insert(k);
+        if fresh {
+            Some(Claim {
+                owner: self,
+                key: k,
+            })
+        } else {
+            None
+        }
     }
 
     pub fn contains(&self, k: Key) -> bool {
