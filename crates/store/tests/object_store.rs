@@ -296,3 +296,47 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
     assert!(read_all(&h2.store, a.ino).unwrap() == random(900_000, 6));
     h2.store.close().unwrap();
 }
+
+/// A cold sequential read fetches ahead: once a reader missed two blocks in a row, the next
+/// blocks of the segment come into the cache without being read, by parallel GETs, each
+/// block fetched once; the data read back is the data written.
+#[test]
+fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/ahead").unwrap();
+    let o = srv.options(&t.path().join("w"), 0, Duration::from_secs(20));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let data = random(12 << 20, 5);
+    new_file(&h.store, "big", &data);
+    h.store.close().unwrap();
+    let o2 = srv.options(&t.path().join("r"), 1 << 30, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    let a = h2.store.lookup(ROOT_INO, b"big").unwrap();
+    let gets0 = h2.counts().gets;
+    let mut buf = vec![0u8; 128 << 10];
+    // Two 128 KiB reads a MiB apart: two misses in a row, the second one sequential.
+    for off in [0u64, 1 << 20] {
+        h2.store.read(a.ino, off, &mut buf).unwrap();
+        assert!(buf[..] == data[off as usize..off as usize + buf.len()]);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while h2.backend.cached_bytes() < (6u64 << 20) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cached = h2.backend.cached_bytes();
+    assert!(
+        cached >= 6 << 20,
+        "only {cached} bytes cached after reading two blocks: no readahead"
+    );
+    // The whole file reads back right, and no block was fetched twice.
+    assert!(read_all(&h2.store, a.ino).unwrap() == data);
+    let gets = h2.counts().gets - gets0;
+    let blocks = (h2.backend.cached_bytes() + (1 << 20) - 1) >> 20;
+    assert!(
+        gets <= blocks + 2,
+        "{gets} GETs for {blocks} blocks of segment data"
+    );
+    h2.store.close().unwrap();
+}

@@ -37,6 +37,15 @@ impl LruIndex {
         self.total
     }
 
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// Whether `k` is present (without marking it used).
+    pub fn contains(&self, k: Key) -> bool {
+        self.entries.contains_key(&k)
+    }
+
     /// Marks `k` used; whether it is present.
     pub fn touch(&mut self, k: Key) -> bool {
         let Some((t, _)) = self.entries.get(&k).copied() else {
@@ -167,6 +176,16 @@ impl BlockCache {
     /// Bytes cached now.
     pub fn bytes(&self) -> u64 {
         self.lock().total()
+    }
+
+    /// The bound, in bytes.
+    pub fn cap(&self) -> u64 {
+        self.lock().cap()
+    }
+
+    /// Whether block `k` is cached (without marking it used).
+    pub fn contains(&self, k: Key) -> bool {
+        self.lock().contains(k)
     }
 
     /// Reads `buf.len()` bytes at `off` of block `k` if it is cached.

@@ -8,6 +8,7 @@
 
 pub mod blockcache;
 pub mod layout;
+pub mod readahead;
 pub mod remote;
 pub mod segments;
 pub mod snapshot;

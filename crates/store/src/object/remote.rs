@@ -286,12 +286,34 @@ impl Remote {
 
     /// GETs bytes `range` of an object (a ranged GET); fails unless all of them came.
     pub fn get_range(&self, name: &str, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
-        let want = range.end - range.start;
         let p = self.path(name);
-        let b = self
-            .rt
-            .block_on(self.store.get_range(&p, range))
-            .map_err(io_err)?;
+        let r = self.rt.block_on(self.store.get_range(&p, range.clone()));
+        self.ranged_result(name, range, r)
+    }
+
+    /// Ranged GETs of several (object, range) pairs, sent in parallel; one result each, in
+    /// order, each failing unless all of its bytes came.
+    pub fn get_ranges(&self, reqs: &[(String, std::ops::Range<u64>)]) -> Vec<io::Result<Vec<u8>>> {
+        let paths: Vec<ObjPath> = reqs.iter().map(|(n, _)| self.path(n)).collect();
+        let futs = paths
+            .iter()
+            .zip(reqs)
+            .map(|(p, (_, r))| self.store.get_range(p, r.clone()));
+        let out = self.rt.block_on(futures::future::join_all(futs));
+        out.into_iter()
+            .zip(reqs)
+            .map(|(r, (n, range))| self.ranged_result(n, range.clone(), r))
+            .collect()
+    }
+
+    fn ranged_result(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+        r: object_store::Result<bytes::Bytes>,
+    ) -> io::Result<Vec<u8>> {
+        let want = range.end - range.start;
+        let b = r.map_err(io_err)?;
         self.stats.gets.fetch_add(1, Ordering::Relaxed);
         self.stats
             .get_bytes

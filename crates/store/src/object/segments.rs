@@ -11,11 +11,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::blockcache::{BlockCache, BLOCK};
 use super::layout::{block_spans, chunk_key, contiguous_runs, parse_chunk_key};
+use super::readahead::{self, Inflight};
 use super::remote::Remote;
 use crate::backend::{Backend, SegFile};
 use crate::records::{parse_segment_file_name, segment_file_name, SEG_HEADER_LEN};
@@ -50,12 +51,45 @@ pub(crate) struct Shared {
     seg_dir: PathBuf,
     /// Bytes in `pending` of all segments.
     pending_bytes: AtomicU64,
+    /// Blocks being fetched (by a reader or a readahead).
+    inflight: Inflight,
+    /// Readahead threads running.
+    ahead_running: AtomicUsize,
 }
+
+/// Readahead threads running at once, at most.
+const MAX_READAHEADS: usize = 2;
 
 /// Appended bytes held in memory (not yet uploaded) above which a writer uploads them itself.
 const PENDING_LIMIT: u64 = 64 << 20;
 
 impl Shared {
+    /// Readahead: fetches blocks `plan` of segment `id` (chunk start, length, block) by
+    /// parallel ranged GETs into the cache. Blocks another thread fetches are skipped; a
+    /// failed GET only costs the reader a fetch of its own later.
+    fn fetch_ahead(&self, id: u64, plan: &[(u64, u64, u64)]) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        let mut claims = Vec::new();
+        let mut reqs = Vec::new();
+        for &(c, cl, b) in plan {
+            if cache.contains((id, c, b)) {
+                continue;
+            }
+            if let Some(claim) = self.inflight.claim((id, c, b)) {
+                claims.push(claim);
+                reqs.push((chunk_key(id, c, cl), b * BLOCK..((b + 1) * BLOCK).min(cl)));
+            }
+        }
+        let got = self.remote.get_ranges(&reqs);
+        for (claim, data) in claims.into_iter().zip(got) {
+            if let Ok(data) = data {
+                cache.put(claim.key, &data);
+            }
+        }
+    }
+
     /// PUTs every pending run of contiguous bytes as one chunk; returns once all completed.
     /// A segment holding only its header waits for its first extents (nothing references it).
     fn sync_segment(&self, id: u64) -> io::Result<()> {
@@ -199,6 +233,8 @@ impl ObjectBackend {
                 upload: Mutex::new(()),
                 seg_dir: seg_dir.to_path_buf(),
                 pending_bytes: AtomicU64::new(0),
+                inflight: Inflight::default(),
+                ahead_running: AtomicUsize::new(0),
             }),
         })
     }
@@ -282,6 +318,9 @@ struct ObjectSegFile {
 
 impl ObjectSegFile {
     /// Bytes `off..off + buf.len()` of chunk `start` (of `clen` bytes), through the cache.
+    /// The blocks missing are fetched by parallel ranged GETs (those another thread is
+    /// fetching already are waited for); a miss right after the previous block along the
+    /// segment starts a readahead of the next blocks in the background.
     fn read_chunk(&self, start: u64, clen: u64, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let key = chunk_key(self.id, start, clen);
         let Some(cache) = &self.shared.cache else {
@@ -292,21 +331,105 @@ impl ObjectSegFile {
             buf.copy_from_slice(&b);
             return Ok(());
         };
+        // Cached blocks first; the others: (block, offset in it, buffer position, length).
+        let mut missing = Vec::new();
         let mut at = 0usize;
         for (b, o, n) in block_spans(off, buf.len() as u64, BLOCK) {
             let n = n as usize;
-            let dst = &mut buf[at..at + n];
-            let k = (self.id, start, b);
-            if !cache.read(k, o, dst) {
-                let lo = b * BLOCK;
-                let hi = (lo + BLOCK).min(clen);
-                let data = self.shared.remote.get_range(&key, lo..hi)?;
-                dst.copy_from_slice(&data[o as usize..o as usize + n]);
-                cache.put(k, &data);
+            if !cache.read((self.id, start, b), o, &mut buf[at..at + n]) {
+                missing.push((b, o, at, n));
             }
             at += n;
         }
+        let Some(&(first, ..)) = missing.first() else {
+            return Ok(());
+        };
+        self.maybe_readahead(cache, start, first, missing.last().map_or(first, |m| m.0));
+        let inflight = &self.shared.inflight;
+        let mut claims = Vec::new();
+        let mut waits = Vec::new();
+        for m in missing {
+            match inflight.claim((self.id, start, m.0)) {
+                Some(c) => claims.push((c, m)),
+                None => waits.push(m),
+            }
+        }
+        if !claims.is_empty() {
+            let reqs: Vec<(String, std::ops::Range<u64>)> = claims
+                .iter()
+                .map(|(_, (b, ..))| (key.clone(), b * BLOCK..((b + 1) * BLOCK).min(clen)))
+                .collect();
+            let got = self.shared.remote.get_ranges(&reqs);
+            for ((c, (_, o, at, n)), data) in claims.into_iter().zip(got) {
+                let data = data?;
+                let o = o as usize;
+                buf[at..at + n].copy_from_slice(&data[o..o + n]);
+                cache.put(c.key, &data);
+            }
+        }
+        for (b, o, at, n) in waits {
+            let k = (self.id, start, b);
+            inflight.wait(k);
+            let dst = &mut buf[at..at + n];
+            // Fetched meanwhile, unless that fetch failed or the block was evicted already.
+            if !cache.read(k, o, dst) {
+                let lo = b * BLOCK;
+                let data = self
+                    .shared
+                    .remote
+                    .get_range(&key, lo..(lo + BLOCK).min(clen))?;
+                dst.copy_from_slice(&data[o as usize..o as usize + n]);
+                cache.put(k, &data);
+            }
+        }
         Ok(())
+    }
+
+    /// Starts fetching the blocks after `last` in the background when the miss at block
+    /// `first` of chunk `start` follows a block already cached (a sequential reader) or is
+    /// the first block of the segment.
+    fn maybe_readahead(&self, cache: &BlockCache, start: u64, first: u64, last: u64) {
+        let n = readahead::window(cache.cap(), BLOCK);
+        if n == 0 || self.shared.ahead_running.load(Ordering::Relaxed) >= MAX_READAHEADS {
+            return;
+        }
+        let plan = {
+            let segs = lock(&self.shared.segs);
+            let Some(s) = segs.get(&self.id) else {
+                return;
+            };
+            let sequential = match readahead::previous(&s.chunks, start, first, BLOCK) {
+                Some((c, b)) => cache.contains((self.id, c, b)),
+                None => true,
+            };
+            if !sequential {
+                return;
+            }
+            readahead::plan(&s.chunks, start, last, n, BLOCK)
+        };
+        let plan: Vec<(u64, u64, u64)> = plan
+            .into_iter()
+            .filter(|&(c, _, b)| {
+                let k = (self.id, c, b);
+                !cache.contains(k) && !self.shared.inflight.contains(k)
+            })
+            .collect();
+        if plan.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let id = self.id;
+        shared.ahead_running.fetch_add(1, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new()
+            .name("compfs-s3-ahead".into())
+            .spawn(move || {
+                shared.fetch_ahead(id, &plan);
+                shared.ahead_running.fetch_sub(1, Ordering::Relaxed);
+            });
+        if spawned.is_err() {
+            // No thread: no readahead, the reader fetches what it needs itself.
+            self.shared.ahead_running.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
