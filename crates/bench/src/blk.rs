@@ -534,16 +534,7 @@ fn compfs_run_with(input: &Path, dir: &Path, codec: &str, size: u64, dict: bool)
     } else {
         None
     };
-    let lines = control_request(&control_path(&sock), "stat").map_err(|e| failed!("{e}"))?;
-    let get = |k: &str| {
-        lines
-            .iter()
-            .find_map(|l| l.strip_prefix(k))
-            .unwrap_or("")
-            .to_string()
-    };
-    let stats = Stats::parse(&get("mm_stat "), &get("io_stat "), &get("bd_stat "))
-        .ok_or_else(|| failed!("bad stat reply"))?;
+    let (stats, _) = stat_of(&control_path(&sock))?;
     let mut row = row("compfs", codec, &stats, Some(rss(p.0.id())?), mb_s);
     if let Some((st, settle_s)) = settled {
         row.codec = format!("{codec} --dict auto");

@@ -155,18 +155,6 @@ fn property_is_inherited_and_used_without_the_mount_option() {
     assert!(m.unmount().success());
 }
 
-/// Segment bytes written since the daemon started (compfs.stats on the root; reading it is not
-/// foreground activity).
-fn written(mnt: &Path) -> u64 {
-    let rec = getxattr(mnt, "compfs.stats").unwrap();
-    let s = String::from_utf8(rec).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("segment_bytes_written "))
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn kill9_during_background_work_loses_nothing_and_the_next_mount_finishes() {
     require_fuse!();

@@ -284,17 +284,6 @@ fn kill9_during_defrag_keeps_every_file_and_gc_reclaims() {
     check(&m.mnt);
 }
 
-/// Segment bytes written since the daemon started (compfs.stats on the root).
-fn written(mnt: &Path) -> u64 {
-    let rec = getxattr(mnt, "compfs.stats").unwrap();
-    let s = String::from_utf8(rec).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("segment_bytes_written "))
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// Argument errors are one-line messages (no FUSE needed).
 #[test]
 fn defrag_argument_errors() {

@@ -247,3 +247,15 @@ pub fn setxattr(p: &Path, name: &str, v: &[u8], flags: i32) -> Result<(), i32> {
 
 /// Incompressible and compressible text-like bytes (the shared generators).
 pub use compfs_testdata::{random as random_bytes, text as text_bytes};
+
+/// Segment bytes written since the daemon started (`compfs.stats` on the root; reading it is
+/// not foreground activity).
+pub fn written(mnt: &Path) -> u64 {
+    let rec = getxattr(mnt, "compfs.stats").unwrap();
+    let s = String::from_utf8(rec).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("segment_bytes_written "))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
