@@ -27,15 +27,21 @@ fn clean(dir: &Path) {
     assert!(r.is_clean(), "{:?}", r.problems);
 }
 
-#[test]
-fn reservations_count_persist_and_end() {
+/// A new store in a temporary directory (at `t.path()/s`) with one empty regular file, `f`.
+fn store_with_file() -> (tempfile::TempDir, Store, Ino) {
     let t = tempfile::tempdir().unwrap();
-    let p = t.path().join("s");
-    let s = create(&p, 131072, tuning());
+    let s = create(&t.path().join("s"), 131072, tuning());
     let f = s
         .mknod(ROOT_INO, b"f", FileKind::File, 0o644, 0, 0, 0)
         .unwrap()
         .ino;
+    (t, s, f)
+}
+
+#[test]
+fn reservations_count_persist_and_end() {
+    let (t, s, f) = store_with_file();
+    let p = t.path().join("s");
     // 1 MiB + 1 byte: widened to whole pages as ext4 does.
     s.allocate(f, 0, (1 << 20) + 1, false).unwrap();
     let want = (1 << 20) + 4096;
@@ -135,13 +141,8 @@ fn host_bytes(r: u64) -> u64 {
 
 #[test]
 fn a_range_larger_than_the_host_fails_with_enospc() {
-    let t = tempfile::tempdir().unwrap();
+    let (t, s, f) = store_with_file();
     let p = t.path().join("s");
-    let s = create(&p, 131072, tuning());
-    let f = s
-        .mknod(ROOT_INO, b"f", FileKind::File, 0o644, 0, 0, 0)
-        .unwrap()
-        .ino;
     let fs = s.statfs().unwrap();
     let huge = (fs.blocks * u64::from(fs.bsize)).next_power_of_two() * 2;
     assert!(matches!(s.allocate(f, 0, huge, false), Err(Error::NoSpace)));
@@ -235,13 +236,8 @@ fn writes_into_a_reservation_succeed_on_a_full_host() {
 fn fsck_finds_and_repairs_bad_reservations() {
     use redb::TableDefinition;
     const PREALLOC: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("prealloc");
-    let t = tempfile::tempdir().unwrap();
+    let (t, s, f) = store_with_file();
     let p = t.path().join("s");
-    let s = create(&p, 131072, tuning());
-    let f = s
-        .mknod(ROOT_INO, b"f", FileKind::File, 0o644, 0, 0, 0)
-        .unwrap()
-        .ino;
     s.write(f, 0, &pattern(256 << 10, 2)).unwrap();
     s.allocate(f, 256 << 10, 64 << 10, false).unwrap();
     let d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap().ino;
