@@ -177,6 +177,7 @@ pub fn run(a: Args) -> Result<()> {
         spec: Some(to),
         level: None,
         force: a.force,
+        extent_size: None,
     };
     let (first, d1, cpu1) = defrag_all(&s, &target)?;
     let ratio_defrag = ratio(&s)?;

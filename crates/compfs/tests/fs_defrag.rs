@@ -284,6 +284,75 @@ fn kill9_during_defrag_keeps_every_file_and_gc_reclaims() {
     check(&m.mnt);
 }
 
+/// Extents (distinct) of a file or tree on a mount, from its `compfs.usage` records.
+fn extents_of(p: &Path) -> u64 {
+    let rec = getxattr(p, "compfs.usage").unwrap();
+    compfs_fs::UsageReport::from_record(&rec)
+        .unwrap()
+        .regular_extents
+}
+
+/// The `compfs.extent_size` property on a mount: set on a directory, inherited by the files
+/// made in it, used by their writes, and by `compfs defrag` (with `--extent-size` overriding
+/// it) to re-cut a file, after which the same run rewrites nothing.
+#[test]
+fn extent_size_property_on_a_mount() {
+    require_fuse!();
+    let t = TempDir::new("defrag-extsize");
+    let store = t.path().join("store");
+    mkstore(&store, "zstd:3", Mode::Heuristic, 128 << 10);
+    let m = Mount::new(&store, &t.path().join("mnt"), "");
+    let d = m.path("d");
+    fs::create_dir(&d).unwrap();
+    let ds = d.to_str().unwrap();
+    let (ok, _, err) = compfs(&["property", "set", ds, "extent_size", "3K"]);
+    assert!(!ok && err.contains("extent_size"), "{err}");
+    assert_eq!(
+        setxattr(&d, "compfs.extent_size", b"2M", 0),
+        Err(libc::EINVAL)
+    );
+    let (ok, _, err) = compfs(&["property", "set", ds, "extent_size", "32768"]);
+    assert!(ok, "{err}");
+    let (_, out, _) = compfs(&["property", "get", ds, "extent_size"]);
+    assert_eq!(out.trim(), "extent_size=32K");
+
+    let data = text_bytes((1 << 20) + 1000, 21);
+    let f = d.join("f");
+    fs::write(&f, &data).unwrap();
+    assert_eq!(getxattr(&f, "compfs.extent_size").unwrap(), b"32K");
+    // 1 MiB + 1000 bytes in 32 KiB extents: 33 (at the store's 128 KiB it would be 9). The
+    // kernel may hand the last block over in two writes, which lays a small extent over it.
+    let n = extents_of(&f);
+    assert!((33..=34).contains(&n), "{n} extents");
+    assert!(fs::read(&f).unwrap() == data);
+
+    // defrag cuts the file to its property's size, codec and level unchanged.
+    let fs_ = f.to_str().unwrap();
+    let (ok, _, err) = compfs(&["property", "set", fs_, "extent_size", "128K"]);
+    assert!(ok, "{err}");
+    let (ok, j, err) = defrag(t.path(), &[fs_]);
+    assert!(ok, "{err}");
+    assert!(field(&j, "extents_rewritten") >= 33, "{j}");
+    assert_eq!(extents_of(&f), 9);
+    let (ok, j, _) = defrag(t.path(), &[fs_]);
+    assert!(ok);
+    assert_eq!(field(&j, "extents_rewritten"), 0, "{j}");
+    // --extent-size overrides it.
+    let (ok, _, err) = defrag(t.path(), &["--extent-size", "64K", fs_]);
+    assert!(ok, "{err}");
+    assert_eq!(extents_of(&f), 17);
+    let (ok, j, _) = defrag(t.path(), &["--extent-size", "65536", fs_]);
+    assert!(ok);
+    assert_eq!(field(&j, "extents_rewritten"), 0, "{j}");
+    assert!(fs::read(&f).unwrap() == data);
+    assert!(usage_rows(&f).contains(&"zstd:3".to_string()));
+    let (ok, _, err) = compfs(&["defrag", "--extent-size", "5K", fs_]);
+    assert!(!ok && err.contains("--extent-size"), "{err}");
+    drop(m);
+    let r = compfs_store::fsck(&store, false, &mut |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
 /// Argument errors are one-line messages (no FUSE needed).
 #[test]
 fn defrag_argument_errors() {
@@ -318,6 +387,7 @@ fn progress_within_a_file_on_a_mount() {
         spec: Some(compfs_store::CodecSpec::parse("zstd:9").unwrap().spec),
         level: None,
         force: true,
+        extent_size: None,
     };
     let seen = std::sync::Mutex::new(Vec::new());
     let total = compfs_fs::defrag_run::run(

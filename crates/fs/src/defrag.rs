@@ -3,7 +3,8 @@
 //! * **Request**: `setxattr(FILE, "compfs.defrag", SPEC)` runs
 //!   [`compfs_store::Store::defrag`] on `FILE` in the daemon and returns when the file is done.
 //!   `SPEC` is ASCII, space-separated tokens, each at most once: `codec=ALG[:LEVEL]` (`none`
-//!   for `--nocomp`), `level=N` (`-L`), `force` (`--force`); an empty value uses the file's own
+//!   for `--nocomp`), `level=N` (`-L`), `force` (`--force`), `extent_size=SIZE`
+//!   (`--extent-size`, normalised as `128K`); an empty value uses the file's own
 //!   policy ([`encode_request`], [`parse_request`]). A malformed value is `EINVAL`, a
 //!   directory `EISDIR`.
 //! * **Answer**: `getxattr(FILE, "compfs.defrag")` from the same process (any of its threads)
@@ -52,6 +53,12 @@ pub fn encode_request(t: &DefragTarget) -> String {
     if t.force {
         v.push("force".to_string());
     }
+    if let Some(n) = t.extent_size {
+        v.push(format!(
+            "extent_size={}",
+            compfs_store::format_extent_size(n)
+        ));
+    }
     v.join(" ")
 }
 
@@ -78,6 +85,12 @@ pub fn parse_request(v: &[u8]) -> Result<DefragTarget, RecordError> {
                 t.level = Some(l);
             }
             ("force", "") => t.force = true,
+            ("extent_size", n) => {
+                t.extent_size =
+                    Some(compfs_store::parse_extent_size(n).ok_or_else(|| {
+                        RecordError::new(format!("defrag: bad extent size '{n}'"))
+                    })?);
+            }
             _ => return Err(RecordError::new(format!("defrag: unknown token '{tok}'"))),
         }
     }
@@ -219,11 +232,13 @@ mod tests {
                 spec: Some(z9),
                 level: None,
                 force: false,
+                extent_size: None,
             },
             DefragTarget {
                 spec: Some(CodecSpec::none()),
                 level: Some(-3),
                 force: true,
+                extent_size: Some(32768),
             },
         ] {
             assert_eq!(parse_request(encode_request(&t).as_bytes()).unwrap(), t);
@@ -241,6 +256,9 @@ mod tests {
             b"bogus",
             b"\xff\xfe",
             b"codec=zstd codec=lz4",
+            b"extent_size=3K",
+            b"extent_size=2M",
+            b"extent_size=",
         ] {
             assert!(parse_request(bad).is_err(), "{bad:?}");
         }

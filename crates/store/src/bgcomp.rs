@@ -335,6 +335,7 @@ impl Inner {
                 spec: Some(c.target),
                 level: None,
                 force: mode == Mode::Force,
+                extent_size: None,
             };
             let run = DefragRun {
                 pool,

@@ -31,12 +31,16 @@ use crate::types::*;
 /// What `defrag` rewrites to. `spec: None` keeps each file's own policy (its
 /// `compfs.compression` property, else the mount's or store's default); `level` overrides the
 /// level of whichever codec that gives (`-L`); `force` tries the codec on every extent like
-/// `compress-force` (otherwise the heuristic decides, as with `compress`).
+/// `compress-force` (otherwise the heuristic decides, as with `compress`). `extent_size`:
+/// the uncompressed extent size to cut the file into (`None`: the file's own, its
+/// `compfs.extent_size` property, else the store's); blocks not stored as one extent of that
+/// size are rewritten even when their codec and level match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DefragTarget {
     pub spec: Option<CodecSpec>,
     pub level: Option<i32>,
     pub force: bool,
+    pub extent_size: Option<u32>,
 }
 
 impl DefragTarget {
@@ -105,8 +109,12 @@ pub(crate) enum BlockPlan {
 
 /// The plan for a block referencing extents stored as `(codec id, level)`, for a target codec
 /// and level. Codecs without levels record level 0, so a plain comparison is right for them.
-pub(crate) fn plan_block(extents: &[(u8, i8)], target: (u8, i8)) -> BlockPlan {
-    if extents.iter().all(|&x| x == target) {
+/// `whole`: the block is stored as one extent of the target extent size (see
+/// [`span::is_whole_block`]); a block that is not is rewritten whatever its codec.
+pub(crate) fn plan_block(extents: &[(u8, i8)], whole: bool, target: (u8, i8)) -> BlockPlan {
+    if !whole {
+        BlockPlan::Rewrite
+    } else if extents.iter().all(|&x| x == target) {
         BlockPlan::Skip
     } else if target.0 != 0 && extents.iter().all(|&(c, _)| c == 0) {
         BlockPlan::IfShrinks
@@ -137,6 +145,8 @@ struct Batch {
     n: usize,
     /// Block -> its plan and what it referenced when read.
     blocks: BTreeMap<u64, (BlockPlan, BlockNow)>,
+    /// Block size the blocks were cut with.
+    block: u64,
     /// File size when the blocks were read.
     size: u64,
 }
@@ -146,29 +156,34 @@ const INLINE_ID: u64 = 0;
 
 impl Inner {
     /// What each block in `blocks` of a file references now, read in `txn`: the block's
-    /// extents (for the plan) and its map entries (to see later whether it changed). Map
-    /// entries never cross a block boundary (every extent is written for one block).
+    /// extents (for the plan) and its map entries (to see later whether it changed), for
+    /// blocks of `e` bytes. An extent written with another block size may cross block
+    /// boundaries: it counts for every block it overlaps.
     fn blocks_now(
         &self,
         txn: &redb::ReadTransaction,
         ino: Ino,
         rec: &InodeRec,
         blocks: std::ops::RangeInclusive<u64>,
+        e: u64,
     ) -> Result<BTreeMap<u64, BlockNow>> {
-        let e = self.sb.extent_size as u64;
         let mut out: BTreeMap<u64, BlockNow> = BTreeMap::new();
         if let Some(i) = &rec.inline {
             if blocks.contains(&0) {
                 let b = out.entry(0).or_default();
                 b.extents.push((INLINE_ID, i.codec, i.level));
                 b.key.push((0, INLINE_ID, 0, i.raw_len));
+                b.raw_lens.push(i.raw_len);
             }
         }
         let map = txn.open_table(meta::EXTMAP)?;
         let extents = txn.open_table(meta::EXTENTS)?;
         let from = blocks.start().saturating_mul(e);
         let to = blocks.end().saturating_add(1).saturating_mul(e);
-        for row in map.range((ino, from)..(ino, to))? {
+        // An entry is at most one extent (at most MAX_EXTENT bytes) long: one that overlaps
+        // `from` starts less than that before it.
+        let scan_from = from.saturating_sub(compfs_codec::MAX_EXTENT as u64 - 1);
+        for row in map.range((ino, scan_from)..(ino, to))? {
             let (k, m) = row?;
             let off = k.value().1;
             let m = dec(MapRec::decode(m.value()))?;
@@ -177,9 +192,13 @@ impl Inner {
                 None => return Err(meta::corrupt("map entry names a missing extent")),
             };
             for b in span::blocks_of(off, m.len as u64, e).into_iter().flatten() {
+                if !blocks.contains(&b) {
+                    continue;
+                }
                 let bn = out.entry(b).or_default();
                 bn.extents.push((m.extent, x.codec, x.level));
                 bn.key.push((off, m.extent, m.ext_offset, m.len));
+                bn.raw_lens.push(x.raw_len);
             }
         }
         Ok(out)
@@ -194,6 +213,28 @@ struct BlockNow {
     /// extent id 0): equal keys mean equal contents, since extent contents never change and
     /// ids are not reused within a session.
     key: Vec<(u64, u64, u32, u32)>,
+    /// Uncompressed length of each entry's extent (inline data: its length), as `key`.
+    raw_lens: Vec<u32>,
+}
+
+impl BlockNow {
+    /// Whether block `b` (of `e` bytes, in a file of `size` bytes) is one whole extent.
+    fn whole(&self, b: u64, e: u64, size: u64) -> bool {
+        match (self.key.as_slice(), self.raw_lens.as_slice()) {
+            ([(off, _, xo, len)], [raw]) => span::is_whole_block(
+                span::Piece {
+                    file_off: *off,
+                    ext_offset: *xo,
+                    len: *len,
+                },
+                *raw,
+                b,
+                e,
+                size,
+            ),
+            _ => false,
+        }
+    }
 }
 
 impl Store {
@@ -241,7 +282,10 @@ impl Inner {
         let inner = self;
         let DefragRun { pool, control } = run;
         inner.check_writable()?;
-        let e = inner.sb.extent_size as u64;
+        let own = match target.extent_size {
+            Some(n) => n as u64,
+            None => inner.file_extent_size(ino)?,
+        };
         let policy = target.resolve(inner.file_policy(ino)?);
         let want = (policy.spec.algorithm().id(), policy.spec.level() as i8);
         let mut r = DefragReport {
@@ -250,19 +294,20 @@ impl Inner {
         };
         // The blocks with data when the run starts (blocks written later are written with the
         // file's policy anyway).
-        let blocks: Vec<u64> = inner.with_file(ino, |st| {
+        let (blocks, e): (Vec<u64>, u64) = inner.with_file(ino, |st| {
             inner.flush_locked(ino, st, false)?;
             let txn = inner.db.begin_read()?;
             let rec = inode_in(&txn, ino)?;
             if rec.kind != FileKind::File {
                 return Err(kind_error(rec.kind));
             }
+            let e = inner.block_for(&rec, own);
             r.disk_before = disk_of(&rec);
-            let now = inner.blocks_now(&txn, ino, &rec, 0..=u64::MAX / e)?;
+            let now = inner.blocks_now(&txn, ino, &rec, 0..=u64::MAX / e, e)?;
             let examined: BTreeSet<u64> =
                 now.values().flat_map(|b| &b.extents).map(|x| x.0).collect();
             r.extents_examined = examined.len() as u64;
-            Ok(now.into_keys().collect())
+            Ok((now.into_keys().collect(), e))
         })?;
         let mut rewritten: BTreeSet<u64> = BTreeSet::new();
         // Batches being compressed on the pool: the next batch is read (decompressed) while
@@ -273,7 +318,10 @@ impl Inner {
             let (Some(&first), Some(&last)) = (chunk.first(), chunk.last()) else {
                 continue;
             };
-            let mut batch = Batch::default();
+            let mut batch = Batch {
+                block: e,
+                ..Batch::default()
+            };
             let mut jobs: Vec<EncodeJob> = Vec::new();
             inner.with_file(ino, |st| {
                 if st.dirty.is_some() {
@@ -282,15 +330,15 @@ impl Inner {
                 let _g = inner.seg_barrier.read();
                 let txn = inner.db.begin_read()?;
                 let rec = inode_in(&txn, ino)?;
-                let now = inner.blocks_now(&txn, ino, &rec, first..=last)?;
-                let inline_ok = rec.size <= inner.sb.inline_max as u64;
+                let now = inner.blocks_now(&txn, ino, &rec, first..=last, e)?;
+                let inline_ok = rec.size <= inner.inline_limit(e);
                 batch.size = rec.size;
                 for &b in chunk {
                     let len = span::block_len_in_file(rec.size, b, e);
                     r.bytes_examined += len as u64;
                     let Some(bn) = now.get(&b) else { continue };
                     let codecs: Vec<(u8, i8)> = bn.extents.iter().map(|x| (x.1, x.2)).collect();
-                    let plan = plan_block(&codecs, want);
+                    let plan = plan_block(&codecs, bn.whole(b, e, rec.size), want);
                     if plan == BlockPlan::Skip || len == 0 {
                         continue;
                     }
@@ -343,7 +391,7 @@ impl Inner {
         rewritten: &mut BTreeSet<u64>,
     ) -> Result<()> {
         let inner = self;
-        let e = inner.sb.extent_size as u64;
+        let e = b.block;
         let Some(rx) = b.rx else { return Ok(()) };
         let mut results: Vec<EncodedBlock> = Vec::new();
         for _ in 0..b.n {
@@ -377,7 +425,7 @@ impl Inner {
             }
             let now = {
                 let txn = inner.db.begin_read()?;
-                inner.blocks_now(&txn, ino, &rec, first..=last)?
+                inner.blocks_now(&txn, ino, &rec, first..=last, e)?
             };
             results.retain(|en| {
                 let blk = en.0.block;
@@ -388,6 +436,7 @@ impl Inner {
             }
             let done: Vec<u64> = results.iter().map(|en| en.0.block).collect();
             let meta = FlushMeta {
+                block: e,
                 size: rec.size,
                 mtime: rec.mtime,
                 ctime: Timestamp::now(),
@@ -416,8 +465,8 @@ impl Store {
         let target = match policy {
             Some((s, m)) => DefragTarget {
                 spec: Some(s),
-                level: None,
                 force: m == Mode::Force,
+                ..DefragTarget::default()
             },
             None => DefragTarget::default(),
         };
@@ -439,18 +488,22 @@ mod tests {
     #[test]
     fn plans_follow_codec_and_level() {
         let z9 = (3u8, 9i8);
-        assert_eq!(plan_block(&[(3, 9)], z9), BlockPlan::Skip);
-        assert_eq!(plan_block(&[(3, 9), (3, 9)], z9), BlockPlan::Skip);
-        assert_eq!(plan_block(&[(3, 1)], z9), BlockPlan::Rewrite);
-        assert_eq!(plan_block(&[(3, 9), (3, 1)], z9), BlockPlan::Rewrite);
-        assert_eq!(plan_block(&[(1, 9)], z9), BlockPlan::Rewrite);
-        assert_eq!(plan_block(&[(0, 0)], z9), BlockPlan::IfShrinks);
-        assert_eq!(plan_block(&[(0, 0), (3, 9)], z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(3, 9)], true, z9), BlockPlan::Skip);
+        // Not one extent of the target size: rewritten whatever its codec.
+        assert_eq!(plan_block(&[(3, 9)], false, z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(0, 0)], false, z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(0, 0)], false, (0, 0)), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(3, 9), (3, 9)], true, z9), BlockPlan::Skip);
+        assert_eq!(plan_block(&[(3, 1)], true, z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(3, 9), (3, 1)], true, z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(1, 9)], true, z9), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(0, 0)], true, z9), BlockPlan::IfShrinks);
+        assert_eq!(plan_block(&[(0, 0), (3, 9)], true, z9), BlockPlan::Rewrite);
         // --nocomp: raw is the target, compressed blocks are rewritten raw.
-        assert_eq!(plan_block(&[(0, 0)], (0, 0)), BlockPlan::Skip);
-        assert_eq!(plan_block(&[(4, 0)], (0, 0)), BlockPlan::Rewrite);
+        assert_eq!(plan_block(&[(0, 0)], true, (0, 0)), BlockPlan::Skip);
+        assert_eq!(plan_block(&[(4, 0)], true, (0, 0)), BlockPlan::Rewrite);
         // Codecs without levels record level 0.
-        assert_eq!(plan_block(&[(4, 0)], (4, 0)), BlockPlan::Skip);
+        assert_eq!(plan_block(&[(4, 0)], true, (4, 0)), BlockPlan::Skip);
     }
 
     #[test]
@@ -463,6 +516,7 @@ mod tests {
             spec: Some(CodecSpec::with_level(Algorithm::Zstd, 3).spec),
             level: Some(9),
             force: false,
+            extent_size: None,
         };
         let p = t.resolve(own);
         assert_eq!((p.spec, p.mode), (z9, Mode::Heuristic));
@@ -473,6 +527,7 @@ mod tests {
             spec: None,
             level: Some(7),
             force: false,
+            extent_size: None,
         };
         assert_eq!(t.resolve(own).spec.level(), 0);
     }

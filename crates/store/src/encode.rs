@@ -251,8 +251,8 @@ impl Inner {
         d: &mut Dirty,
         policy: ExtentPolicy,
     ) -> Result<Vec<EncodedBlock>> {
-        let e = self.sb.extent_size as u64;
-        let inline_ok = d.size <= self.sb.inline_max as u64;
+        let e = d.block;
+        let inline_ok = d.size <= self.inline_limit(e);
         // Partial blocks whose map is already fragmented, or that hold inline data, are
         // rewritten whole; this bounds the extents one block can pin.
         let parts: Vec<u64> = d.partial.keys().copied().collect();

@@ -20,7 +20,7 @@ use crate::types::*;
 
 /// A block of which only some ranges were written.
 pub(crate) struct Partial {
-    /// `extent_size` bytes; only `ranges` are meaningful.
+    /// `Dirty::block` bytes; only `ranges` are meaningful.
     pub data: Arc<Vec<u8>>,
     /// Written ranges within the block, sorted and disjoint (not adjacent).
     pub ranges: Vec<(usize, usize)>,
@@ -43,7 +43,11 @@ impl Partial {
 
 /// Buffered, not yet flushed changes of one regular file.
 pub(crate) struct Dirty {
-    /// Extent-sized blocks by index, each `extent_size` bytes (zeros past the end of file).
+    /// Block size of this buffer: the file's extent size (its `compfs.extent_size` property,
+    /// else the store's) when buffering started. Fixed while anything is buffered; a changed
+    /// property applies from the next time the file has nothing buffered.
+    pub block: u64,
+    /// Blocks by index, each `block` bytes (zeros past the end of file).
     pub blocks: BTreeMap<u64, Vec<u8>>,
     /// Blocks of the batch being compressed (`pending`), readable until it is committed.
     pub flying: BTreeMap<u64, Arc<Vec<u8>>>,
@@ -161,17 +165,55 @@ impl Inner {
         })
     }
 
+    /// The extent size of `ino`: its `compfs.extent_size` property, else the store's. A
+    /// damaged property value counts as absent.
+    pub(crate) fn file_extent_size(&self, ino: Ino) -> Result<u64> {
+        let txn = self.db.begin_read()?;
+        self.file_extent_size_in(&txn, ino)
+    }
+
+    /// [`Inner::file_extent_size`] in a given read transaction.
+    pub(crate) fn file_extent_size_in(&self, txn: &redb::ReadTransaction, ino: Ino) -> Result<u64> {
+        let t = txn.open_table(meta::XATTRS)?;
+        let own = match t.get((ino, EXTENT_SIZE_XATTR))? {
+            Some(v) => std::str::from_utf8(v.value())
+                .ok()
+                .and_then(parse_extent_size),
+            None => None,
+        };
+        Ok(own.unwrap_or(self.sb.extent_size) as u64)
+    }
+
+    /// The block size to cut `rec`'s data with, given its extent size `e`: the store's when the
+    /// file's inline data is longer than `e` (a block 0 written whole replaces the inline data,
+    /// so it must cover it; only a store made with a large `inline_max` can have such files).
+    pub(crate) fn block_for(&self, rec: &InodeRec, e: u64) -> u64 {
+        match &rec.inline {
+            Some(i) if i.raw_len as u64 > e => self.sb.extent_size as u64,
+            _ => e,
+        }
+    }
+
+    /// Largest file kept inline for a block size of `block` bytes.
+    pub(crate) fn inline_limit(&self, block: u64) -> u64 {
+        (self.sb.inline_max as u64).min(block / 2)
+    }
+
     pub(crate) fn ensure_dirty<'a>(
         &self,
         ino: Ino,
         st: &'a mut FileState,
     ) -> Result<&'a mut Dirty> {
         if st.dirty.is_none() {
-            let rec = self.inode(ino)?;
+            let txn = self.db.begin_read()?;
+            let rec = inode_in(&txn, ino)?;
             if rec.kind != FileKind::File {
                 return Err(kind_error(rec.kind));
             }
+            let block = self.block_for(&rec, self.file_extent_size_in(&txn, ino)?);
+            drop(txn);
             st.dirty = Some(Dirty {
+                block,
                 blocks: BTreeMap::new(),
                 flying: BTreeMap::new(),
                 pending: Default::default(),
@@ -203,14 +245,14 @@ impl Inner {
         if d.blocks.contains_key(&b) {
             return Ok(());
         }
-        let e = self.sb.extent_size as u64;
+        let e = d.block;
         if let Some(a) = d.flying.get(&b) {
             // Being compressed: start from its content (the batch commits it as it was).
             d.blocks.insert(b, a.to_vec());
             self.dirty_bytes.fetch_add(e as usize, Ordering::Relaxed);
             return Ok(());
         }
-        let mut v = self.take_buf(!overwritten);
+        let mut v = self.take_buf(e as usize, !overwritten);
         if !whole && b * e < d.base_size {
             let _g = self.seg_barrier.read();
             let txn = self.db.begin_read()?;
@@ -226,9 +268,12 @@ impl Inner {
         Ok(())
     }
 
-    /// A block buffer of `extent_size` bytes, reused when one is free (zeroed when asked).
-    fn take_buf(&self, zero: bool) -> Vec<u8> {
-        let e = self.sb.extent_size as usize;
+    /// A block buffer of `e` bytes, reused when one is free (zeroed when asked). The pool holds
+    /// buffers of the store's extent size only; files with their own size allocate theirs.
+    fn take_buf(&self, e: usize, zero: bool) -> Vec<u8> {
+        if e != self.sb.extent_size as usize {
+            return vec![0u8; e];
+        }
         match lock(&self.bufs).pop() {
             Some(mut v) => {
                 if zero {

@@ -27,12 +27,12 @@ impl Store {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::InvalidArgument("write beyond the maximum file size".into()))?;
-        let e = inner.sb.extent_size as u64;
         inner.with_file(ino, |st| {
             let d = inner.ensure_dirty(ino, st)?;
             if data.is_empty() {
                 return Ok(0);
             }
+            let e = d.block;
             for sp in span::block_spans(offset, data.len() as u64, e) {
                 let (b, s, n, from) = (sp.block, sp.start, sp.len, sp.from);
                 let whole = sp.is_whole(e);
@@ -83,9 +83,9 @@ impl Store {
     pub fn punch_hole(&self, ino: Ino, offset: u64, len: u64) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
-        let e = inner.sb.extent_size as u64;
         inner.with_file(ino, |st| {
             let d = inner.ensure_dirty(ino, st)?;
+            let e = d.block;
             let spans = span::punch_spans(offset, len, d.size, e);
             if !spans.is_empty() {
                 for sp in spans {
@@ -225,8 +225,8 @@ impl Inner {
         if size > MAX_FILE_SIZE {
             return Err(Error::InvalidArgument("file size too large".into()));
         }
-        let e = self.sb.extent_size as u64;
         let d = self.ensure_dirty(ino, st)?;
+        let e = d.block;
         let old_size = d.size;
         if size < d.size {
             let t = span::truncate_span(size, e);

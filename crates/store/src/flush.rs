@@ -21,6 +21,8 @@ use crate::types::*;
 
 /// What a flush commits besides its extents.
 pub(crate) struct FlushMeta {
+    /// Block size the encoded blocks were cut with (their file offset is block * block size).
+    pub block: u64,
     pub size: u64,
     pub mtime: Timestamp,
     pub ctime: Timestamp,
@@ -70,8 +72,8 @@ impl Inner {
         let blocks = d.blocks.len() + d.partial.len();
         match self.flush_dirty(ino, &mut d, durable, None) {
             Ok(()) | Err(Error::NotFound) => {
-                let e = self.sb.extent_size as usize;
-                self.dirty_bytes.fetch_sub(blocks * e, Ordering::Relaxed);
+                self.dirty_bytes
+                    .fetch_sub(blocks * d.block as usize, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
@@ -90,9 +92,9 @@ impl Inner {
             // as it was at some moment): partial blocks go through a synchronous flush.
             return self.flush_sync_inner(ino, d);
         }
-        let e = self.sb.extent_size as u64;
+        let e = d.block;
         let policy = self.file_policy(ino)?;
-        let inline_ok = d.size <= self.sb.inline_max as u64;
+        let inline_ok = d.size <= self.inline_limit(e);
         let ids = d.live_blocks(e);
         let mut jobs: Vec<EncodeJob> = Vec::with_capacity(ids.len());
         let mut mine = Vec::with_capacity(ids.len());
@@ -114,6 +116,7 @@ impl Inner {
             rx,
             n,
             meta: FlushMeta {
+                block: e,
                 size: d.size,
                 mtime: d.mtime,
                 ctime: d.ctime,
@@ -137,7 +140,7 @@ impl Inner {
         match self.flush_dirty(ino, d, false, None) {
             Ok(()) | Err(Error::NotFound) => {
                 self.dirty_bytes
-                    .fetch_sub(blocks * self.sb.extent_size as usize, Ordering::Relaxed);
+                    .fetch_sub(blocks * d.block as usize, Ordering::Relaxed);
                 d.base_size = d.size;
                 Ok(())
             }
@@ -188,7 +191,7 @@ impl Inner {
                 }
                 d.base_size = d.base_size.max(p.meta.size);
                 self.dirty_bytes
-                    .fetch_sub(flown * self.sb.extent_size as usize, Ordering::Relaxed);
+                    .fetch_sub(flown * d.block as usize, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
@@ -219,6 +222,7 @@ impl Inner {
         };
         let results = self.encode_dirty(ino, d, policy)?;
         let meta = FlushMeta {
+            block: d.block,
             size: d.size,
             mtime: d.mtime,
             ctime: d.ctime,
@@ -253,7 +257,7 @@ impl Inner {
         durable: bool,
         results: Vec<EncodedBlock>,
     ) -> Result<()> {
-        let staged = self.stage_encoded(ino, results)?;
+        let staged = self.stage_encoded(ino, meta.block, results)?;
         let res = self.write(durable, |w| {
             self.apply_flush(w, ino, meta, &staged)?;
             self.put_next_extent(w)?;
@@ -285,8 +289,13 @@ impl Inner {
 
     /// Lays out encoded blocks as extents, appends them to the active segment (pinned until
     /// [`Inner::finish_staged`]) and notes the segment as unsynced.
-    pub(crate) fn stage_encoded(&self, ino: Ino, results: Vec<EncodedBlock>) -> Result<Staged> {
-        let e = self.sb.extent_size as u64;
+    /// `e`: the block size the blocks were cut with.
+    pub(crate) fn stage_encoded(
+        &self,
+        ino: Ino,
+        e: u64,
+        results: Vec<EncodedBlock>,
+    ) -> Result<Staged> {
         let mut encoded = Vec::with_capacity(results.len());
         let mut blocks: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
         for (en, a) in results {
@@ -410,7 +419,7 @@ impl Inner {
         st: &Staged,
     ) -> Result<()> {
         let (encoded, placed, seg) = (&st.encoded, &st.placed, st.seg);
-        let e = self.sb.extent_size as u64;
+        let e = d.block;
         let reserved = self.any_reserved();
         {
             let mut rec = w.inode(ino)?;

@@ -117,7 +117,7 @@ impl Inner {
             if let Ok(mut g) = f.try_lock() {
                 if let Some(d) = g.dirty.take() {
                     self.dirty_bytes.fetch_sub(
-                        (d.blocks.len() + d.flying.len()) * self.sb.extent_size as usize,
+                        (d.blocks.len() + d.flying.len()) * d.block as usize,
                         Ordering::Relaxed,
                     );
                 }
@@ -173,7 +173,11 @@ impl Inner {
             };
             w.put_inode(ino, &rec)?;
             if matches!(kind, FileKind::File | FileKind::Dir) {
-                for prop in [COMPRESSION_XATTR, crate::BACKGROUND_XATTR] {
+                for prop in [
+                    COMPRESSION_XATTR,
+                    crate::BACKGROUND_XATTR,
+                    EXTENT_SIZE_XATTR,
+                ] {
                     let inherited = w.xattrs()?.get((parent, prop))?.map(|v| v.value().to_vec());
                     if let Some(v) = inherited {
                         w.xattrs_mut()?.insert((ino, prop), v.as_slice())?;
@@ -666,7 +670,7 @@ impl Store {
             if orphan {
                 if let Some(d) = st.dirty.take() {
                     inner.dirty_bytes.fetch_sub(
-                        (d.blocks.len() + d.flying.len()) * inner.sb.extent_size as usize,
+                        (d.blocks.len() + d.flying.len()) * d.block as usize,
                         Ordering::Relaxed,
                     );
                 }
@@ -704,7 +708,8 @@ impl Store {
     }
 
     /// Sets an xattr. `compfs.compression` and `compfs.background_compression` take a codec
-    /// spec (validated; empty clears it).
+    /// spec, `compfs.extent_size` a size from 4K to 1M (validated and normalised; empty clears
+    /// it).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
@@ -731,6 +736,22 @@ impl Store {
             } else {
                 let p = CodecSpec::parse(&s).map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 value = p.spec.to_string().into_bytes();
+            }
+        } else if name == EXTENT_SIZE_XATTR {
+            let s = std::str::from_utf8(&value)
+                .map_err(|_| Error::InvalidArgument("extent size is not UTF-8".into()))?
+                .trim_end_matches('\0')
+                .trim()
+                .to_string();
+            if s.is_empty() {
+                clear = true;
+            } else {
+                let n = parse_extent_size(&s).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "extent size '{s}': a power of two from 4K to 1M (4K, 32K, 128K, 1M, 65536)"
+                    ))
+                })?;
+                value = format_extent_size(n).into_bytes();
             }
         }
         inner.write(false, |w| {

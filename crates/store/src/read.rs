@@ -163,7 +163,7 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
         return Ok(0);
     }
     let n = ((d.size - offset).min(buf.len() as u64)) as usize;
-    let e = inner.sb.extent_size as u64;
+    let e = d.block;
     let mut persisted: Option<(std::sync::RwLockReadGuard<'_, ()>, ReadTransaction)> = None;
     for sp in span::block_spans(offset, n as u64, e) {
         let (b, s, k) = (sp.block, sp.start, sp.len);

@@ -189,6 +189,26 @@ pub(crate) fn cut(p: Piece, start: u64, end: u64) -> [Option<Piece>; 2] {
     [left, right]
 }
 
+/// Whether map entry `p`, of an extent of `raw_len` uncompressed bytes, is the whole of
+/// block `block` of a file of `size` bytes cut in blocks of `block_size` bytes: it starts at
+/// the block, maps its extent from the start to the end, and covers the block's bytes in the
+/// file (all of them but for the last block, which may be shorter). What `defrag` leaves
+/// alone when the codec and level match too.
+pub(crate) fn is_whole_block(
+    p: Piece,
+    raw_len: u32,
+    block: u64,
+    block_size: u64,
+    size: u64,
+) -> bool {
+    let want = block_len_in_file(size, block, block_size);
+    want > 0
+        && Some(p.file_off) == block.checked_mul(block_size)
+        && p.ext_offset == 0
+        && p.len == raw_len
+        && p.len as usize == want
+}
+
 /// Adds `[s, e)` to a sorted set of disjoint byte ranges, merging it with every range it
 /// overlaps or touches, so that the set stays sorted, disjoint and not adjacent.
 pub(crate) fn range_insert(ranges: &mut Vec<(usize, usize)>, s: usize, e: usize) {
@@ -418,6 +438,23 @@ mod tests {
             }
             got.sort_unstable();
             prop_assert_eq!(got, model);
+        }
+
+        /// A whole block maps exactly the block's bytes in the file from one extent's start
+        /// to its end.
+        #[test]
+        fn whole_block_is_one_extent_of_the_block(
+            foff in 0u64..200, len in 0u32..60, xo in 0u32..20, extra in 0u32..20,
+            b in 0u64..20, size in 0u64..300, e in bs()
+        ) {
+            let p = Piece { file_off: foff, ext_offset: xo, len };
+            let raw = xo + len + extra;
+            let bytes: Vec<u64> = (b * e..b * e + e).filter(|&q| q < size).collect();
+            let model = !bytes.is_empty()
+                && xo == 0
+                && extra == 0
+                && (foff..foff + len as u64).eq(bytes.iter().copied());
+            prop_assert_eq!(is_whole_block(p, raw, b, e, size), model);
         }
 
         /// A range set built by `range_insert` covers exactly the union of the inserted ranges,

@@ -12,6 +12,29 @@ pub const ROOT_INO: Ino = 1;
 pub const NAME_MAX: usize = 255;
 /// The extended attribute that holds a file's or directory's compression property.
 pub const COMPRESSION_XATTR: &[u8] = b"compfs.compression";
+/// The extended attribute that holds a file's or directory's extent size (the uncompressed
+/// size of the extents new writes make), inherited at creation like [`COMPRESSION_XATTR`].
+pub const EXTENT_SIZE_XATTR: &[u8] = b"compfs.extent_size";
+
+/// Parses an extent-size property value: `4K`, `32K`, `1M` or plain bytes (`65536`), a power of
+/// two from 4 KiB to 1 MiB. `None` for anything else.
+pub fn parse_extent_size(s: &str) -> Option<u32> {
+    let n = compfs_codec::parse_size(s).ok()?;
+    let n = usize::try_from(n).ok()?;
+    compfs_codec::check_extent_size(n).ok()?;
+    u32::try_from(n).ok()
+}
+
+/// The normal spelling of an extent size (`4K`, `128K`, `1M`), as the property stores it.
+pub fn format_extent_size(n: u32) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}M", n >> 20)
+    } else if n % 1024 == 0 {
+        format!("{}K", n >> 10)
+    } else {
+        n.to_string()
+    }
+}
 
 /// Kind of an inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -317,4 +340,40 @@ pub struct GcReport {
     /// Segment-file bytes before and after the pass.
     pub bytes_before: u64,
     pub bytes_after: u64,
+}
+
+#[cfg(test)]
+mod extent_size_tests {
+    use super::*;
+
+    #[test]
+    fn extent_size_values_parse_and_normalise() {
+        for (v, n, norm) in [
+            ("4K", 4096, "4K"),
+            ("32k", 32768, "32K"),
+            ("128K", 131072, "128K"),
+            ("1M", 1 << 20, "1M"),
+            ("65536", 65536, "64K"),
+            (" 512KiB ", 524288, "512K"),
+            ("1024K", 1 << 20, "1M"),
+        ] {
+            assert_eq!(parse_extent_size(v), Some(n), "{v}");
+            assert_eq!(format_extent_size(n), norm);
+            assert_eq!(parse_extent_size(norm), Some(n));
+        }
+        for v in [
+            "",
+            "0",
+            "2K",
+            "2M",
+            "3K",
+            "100000",
+            "-4K",
+            "4X",
+            "K",
+            "99999999999999999999",
+        ] {
+            assert_eq!(parse_extent_size(v), None, "{v}");
+        }
+    }
 }

@@ -139,7 +139,6 @@ impl Inner {
             staged: Staged,
             keep: Vec<(u64, Arc<Vec<u8>>)>,
         }
-        let e = self.sb.extent_size as u64;
         let mut items: Vec<Item> = Vec::with_capacity(held.len());
         let restore = |held: &mut [(Ino, MutexGuard<'_, FileState>)], items: Vec<Item>| {
             for mut it in items {
@@ -163,9 +162,10 @@ impl Inner {
                 .and_then(|policy| self.encode_dirty(ino, &mut d, policy))
                 .map(|results| {
                     let keep = whole_blocks(&results);
-                    (self.stage_encoded(ino, results), keep)
+                    (self.stage_encoded(ino, d.block, results), keep)
                 });
             let meta = FlushMeta {
+                block: d.block,
                 size: d.size,
                 mtime: d.mtime,
                 ctime: d.ctime,
@@ -219,7 +219,7 @@ impl Inner {
                     }
                     let n = it.keep.len() + it.d.blocks.len();
                     self.dirty_bytes
-                        .fetch_sub(n * e as usize, Ordering::Relaxed);
+                        .fetch_sub(n * it.d.block as usize, Ordering::Relaxed);
                     for (_, a) in it.keep {
                         if let Ok(v) = Arc::try_unwrap(a) {
                             self.give_buf(v);

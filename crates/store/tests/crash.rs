@@ -169,6 +169,7 @@ fn child(dir: &Path, log: &Path, seed: u64) {
                     spec: Some(CodecSpec::parse(specs[rng.below(5)]).unwrap().spec),
                     level: None,
                     force: rng.below(2) == 0,
+                    extent_size: None,
                 };
                 s.defrag(*ino, &t, &mut |_| {}).unwrap();
             }

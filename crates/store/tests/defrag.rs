@@ -15,6 +15,7 @@ fn z(level: i32) -> DefragTarget {
         spec: Some(spec(&format!("zstd:{level}"))),
         level: None,
         force: false,
+        extent_size: None,
     }
 }
 
@@ -98,6 +99,7 @@ fn second_identical_run_rewrites_nothing_and_data_is_identical() {
         spec: Some(CodecSpec::none()),
         level: None,
         force: false,
+        extent_size: None,
     };
     assert!(defrag_all(&s, &files, &raw).extents_rewritten > 0);
     assert_eq!(defrag_all(&s, &files, &raw).extents_rewritten, 0);
@@ -119,6 +121,7 @@ fn level_alone_applies_to_the_files_own_codec_and_survives_reopen() {
         spec: None,
         level: Some(7),
         force: false,
+        extent_size: None,
     };
     assert!(defrag_all(&s, &files, &t).extents_rewritten > 0);
     s.close().unwrap();

@@ -36,6 +36,11 @@ pub struct DefragArgs {
     /// Try the codec on every extent (like compress-force); without it the heuristic decides.
     #[arg(long)]
     pub force: bool,
+    /// Cut files into extents of SIZE (4K..1M, a power of two) instead of each file's own
+    /// (its compfs.extent_size property, else the store's); blocks of another size are
+    /// rewritten even when their codec and level match.
+    #[arg(long, value_name = "SIZE")]
+    pub extent_size: Option<String>,
     /// Also write the summary as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -66,10 +71,17 @@ pub fn target(a: &DefragArgs) -> Result<DefragTarget> {
             eprintln!("compfs: warning: {adj}");
         }
     }
+    let extent_size = match &a.extent_size {
+        Some(v) => Some(compfs_store::parse_extent_size(v).ok_or_else(|| {
+            anyhow!("invalid --extent-size '{v}': a power of two from 4K to 1M (4K, 32K, 128K, 1M)")
+        })?),
+        None => None,
+    };
     Ok(DefragTarget {
         spec,
         level: a.level,
         force: a.force,
+        extent_size,
     })
 }
 

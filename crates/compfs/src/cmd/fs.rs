@@ -21,6 +21,7 @@ use compfs_store::{OpenOptions, Store, ROOT_INO};
 /// The compression property's xattr.
 const COMPRESSION_XATTR: &str = "compfs.compression";
 const BACKGROUND_XATTR: &str = "compfs.background_compression";
+const EXTENT_SIZE_XATTR: &str = "compfs.extent_size";
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -65,15 +66,16 @@ pub struct UsageArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum PropertyCommand {
-    /// Print a property (`compression` or `background_compression`); prints nothing when it is
-    /// not set.
+    /// Print a property (`compression`, `background_compression` or `extent_size`); prints
+    /// nothing when it is not set.
     Get {
         path: PathBuf,
         #[arg(default_value = "compression")]
         name: String,
     },
     /// Set a property: `compression VALUE` or `background_compression VALUE` (zstd:5, lz4,
-    /// none, ...; "" clears it). Both are inherited by new files and directories.
+    /// none, ...), `extent_size SIZE` (4K..1M: 32K, 128K, 1M); "" clears it. All are inherited
+    /// by new files and directories.
     Set {
         path: PathBuf,
         name: String,
@@ -375,7 +377,12 @@ pub fn property(c: PropertyCommand) -> Result<ExitCode> {
         }
         PropertyCommand::Set { path, name, value } => {
             let xattr_name = property_xattr(&name)?;
-            if !value.is_empty() {
+            if value.is_empty() {
+            } else if xattr_name == EXTENT_SIZE_XATTR {
+                compfs_store::parse_extent_size(&value).ok_or_else(|| {
+                    anyhow!("invalid {name} '{value}': a power of two from 4K to 1M (4K, 32K, 128K, 1M)")
+                })?;
+            } else {
                 CodecSpec::parse(&value).map_err(|e| anyhow!("invalid {name}: {e}"))?;
             }
             xattr::set(&path, xattr_name, value.as_bytes()).map_err(|e| {
@@ -398,8 +405,10 @@ fn property_xattr(name: &str) -> Result<&'static str> {
     match name {
         "compression" => Ok(COMPRESSION_XATTR),
         "background_compression" => Ok(BACKGROUND_XATTR),
+        "extent_size" => Ok(EXTENT_SIZE_XATTR),
         _ => bail!(
-            "unknown property '{name}'; the properties are 'compression' and 'background_compression'"
+            "unknown property '{name}'; the properties are 'compression', \
+             'background_compression' and 'extent_size'"
         ),
     }
 }
