@@ -139,6 +139,35 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
     assert!(out.contains("TOTAL") || out.contains("Total"), "{out}");
     let (ok, out, err) = compfs_env(&srv, &["gc", url]);
     assert!(ok && out.starts_with("gc:"), "gc: {out} {err}");
+    // fsck --full of the bucket, and defrag of the unmounted store in it.
+    let (ok, out, err) = compfs_env(&srv, &["fsck", url, "--full"]);
+    assert!(ok, "fsck --full: {out} {err}");
+    assert!(
+        out.contains("objects")
+            && out.contains("without the metadata")
+            && out.contains(" 0 errors"),
+        "{out}"
+    );
+    let (ok, out, err) = compfs_env(&srv, &["defrag", "-r", "-c", "zstd:9", url]);
+    assert!(ok, "defrag: {out} {err}");
+    let rewritten: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("extents rewritten"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(rewritten > 0, "{out}");
+    let (ok, out, err) = compfs_env(&srv, &["fsck", url]);
+    assert!(
+        ok && out.contains(" 0 errors"),
+        "fsck after defrag: {out} {err}"
+    );
+    {
+        let c3 = t.path().join("cache3");
+        let m = Mount::new(Path::new(url), &mnt, &format!("cache_dir={}", c3.display()));
+        assert!(std::fs::read(m.path("text")).unwrap() == text);
+        assert!(std::fs::read(m.path("dir/rand")).unwrap() == rand);
+        assert!(m.unmount().success());
+    }
 
     // A credentials file readable by others is refused.
     let cred = t.path().join("cred");

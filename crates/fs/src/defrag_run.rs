@@ -126,6 +126,26 @@ pub fn plan(paths: &[PathBuf], recursive: bool) -> Result<Plan, DefragError> {
     Ok(plan)
 }
 
+/// Adds a store opened by the caller (a store in a bucket, `name` its URL) to `plan`: its root
+/// directory, walked with `recursive` (and skipped without it, as a store directory is). The
+/// store is synced and closed by [`run`].
+pub fn add_open_store(
+    plan: &mut Plan,
+    store: Store,
+    name: PathBuf,
+    recursive: bool,
+) -> Result<(), DefragError> {
+    let mut job = StoreJob {
+        dir: name.clone(),
+        store,
+        files: Vec::new(),
+        seen: HashSet::new(),
+    };
+    add_store_tree(&mut job, ROOT_INO, name, recursive, &mut plan.skipped_dirs)?;
+    plan.stores.push(job);
+    Ok(())
+}
+
 /// The store directory among `path`'s ancestors and the rest of the path inside it.
 fn inside_store(path: &Path) -> Option<(PathBuf, PathBuf)> {
     path.ancestors()

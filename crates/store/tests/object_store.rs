@@ -76,6 +76,7 @@ impl Server {
             },
             cache_dir: Some(cache.to_path_buf()),
             cache_size,
+            ..ObjectOptions::default()
         }
     }
 

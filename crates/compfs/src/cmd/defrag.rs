@@ -44,8 +44,8 @@ pub struct DefragArgs {
     /// Also write the summary as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Files or directories on a mounted compfs, an unmounted store directory, or a path inside
-    /// one (STORE/dir/file).
+    /// Files or directories on a mounted compfs, an unmounted store directory, a path inside
+    /// one (STORE/dir/file), or an unmounted store in a bucket (s3://BUCKET/PREFIX).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
@@ -87,7 +87,30 @@ pub fn target(a: &DefragArgs) -> Result<DefragTarget> {
 
 pub fn run(a: DefragArgs) -> Result<ExitCode> {
     let t = target(&a)?;
-    let plan = defrag_run::plan(&a.paths, a.recursive)?;
+    // Stores in a bucket (s3://BUCKET/PREFIX, the whole store) are opened here; the rest are
+    // mounts, store directories and paths inside them.
+    let mut local = Vec::new();
+    let mut buckets = Vec::new();
+    for p in &a.paths {
+        match super::s3::url_of(p)? {
+            Some(u) => buckets.push(u),
+            None => local.push(p.clone()),
+        }
+    }
+    let mut plan = defrag_run::plan(&local, a.recursive)?;
+    for url in buckets {
+        let h = super::s3::open(
+            &url,
+            &super::s3::default_options(),
+            &compfs_store::OpenOptions::default(),
+        )?;
+        defrag_run::add_open_store(
+            &mut plan,
+            h.store,
+            PathBuf::from(url.to_string()),
+            a.recursive,
+        )?;
+    }
     for d in &plan.skipped_dirs {
         eprintln!("compfs: {}: is a directory, skipped (use -r)", d.display());
     }

@@ -18,7 +18,8 @@ pub fn url_of(p: &Path) -> Result<Option<S3Url>> {
 }
 
 /// Takes the object-store options out of `-o` lists: `cache_dir=DIR`, `cache_size=SIZE`,
-/// `credentials=FILE`, `timeout=SECONDS` (how long requests are retried before EIO);
+/// `credentials=FILE`, `timeout=SECONDS` (how long requests are retried before EIO),
+/// `dirty_limit=SIZE` (appended bytes held in memory before writes wait for uploads);
 /// returns the remaining options for [`compfs_fs::MountOptions::parse`].
 pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
     let mut o = ObjectOptions::default();
@@ -38,6 +39,12 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
                     o.cache_size = parse_size(v)
                         .map_err(|_| anyhow!("{opt}: want a size such as 1G or 512M"))?
                 }
+                ("dirty_limit", Some(v)) => {
+                    o.dirty_limit = parse_size(v)
+                        .ok()
+                        .filter(|&n| n >= 1 << 20)
+                        .ok_or_else(|| anyhow!("{opt}: want a size of at least 1M, such as 64M"))?
+                }
                 ("credentials", Some(v)) if !v.is_empty() => {
                     o.remote.credentials = Some(PathBuf::from(v))
                 }
@@ -53,7 +60,7 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
                     "-o writeback (durable commits before the upload) is not implemented yet: \
                      every fsync waits for its PUTs"
                 ),
-                ("cache_dir" | "cache_size" | "credentials" | "timeout", _) => {
+                ("cache_dir" | "cache_size" | "credentials" | "timeout" | "dirty_limit", _) => {
                     bail!("{opt}: wants a value")
                 }
                 _ => keep.push(opt),
@@ -117,7 +124,7 @@ mod tests {
     fn object_options_are_taken_out_of_the_lists() {
         let (rest, o) = split_options(&[
             "compress=zstd:3,cache_dir=/x,cache_size=64M".into(),
-            "credentials=/c,timeout=5".into(),
+            "credentials=/c,timeout=5,dirty_limit=16M".into(),
             "ro".into(),
         ])
         .unwrap();
@@ -126,7 +133,19 @@ mod tests {
         assert_eq!(o.cache_size, 64 << 20);
         assert_eq!(o.remote.credentials, Some(PathBuf::from("/c")));
         assert_eq!(o.remote.deadline, Duration::from_secs(5));
-        for bad in ["cache_size=lots", "timeout=0", "cache_dir", "writeback"] {
+        assert_eq!(o.dirty_limit, 16 << 20);
+        assert_eq!(
+            split_options(&[]).unwrap().1.dirty_limit,
+            object::DEFAULT_DIRTY_LIMIT
+        );
+        for bad in [
+            "cache_size=lots",
+            "timeout=0",
+            "cache_dir",
+            "writeback",
+            "dirty_limit=4K",
+            "dirty_limit",
+        ] {
             assert!(split_options(&[bad.into()]).is_err(), "{bad}");
         }
         assert!(url_of(Path::new("/tmp/x")).unwrap().is_none());

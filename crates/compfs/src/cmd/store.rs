@@ -29,11 +29,15 @@ pub struct MkfsArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct FsckArgs {
-    /// The store directory (not in use by a mount).
+    /// The store directory (not in use by a mount), or s3://BUCKET/PREFIX.
     pub store: PathBuf,
     /// Do the safe repairs: drop references to corrupt extents, fix counts, free orphans.
     #[arg(long)]
     pub repair: bool,
+    /// For a store in a bucket: also read every chunk object and walk it extent header by
+    /// extent header, without the metadata (a local store's check always walks its segments).
+    #[arg(long)]
+    pub full: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -87,9 +91,8 @@ pub fn mkfs(a: MkfsArgs) -> Result<ExitCode> {
 }
 
 pub fn fsck_cmd(a: FsckArgs) -> Result<ExitCode> {
-    if super::s3::url_of(&a.store)?.is_some() {
-        eprintln!("compfs fsck: stores in a bucket cannot be checked yet");
-        return Ok(ExitCode::from(8));
+    if let Some(url) = super::s3::url_of(&a.store)? {
+        return fsck_bucket(&url, &a);
     }
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -103,13 +106,49 @@ pub fn fsck_cmd(a: FsckArgs) -> Result<ExitCode> {
         bar.set_position(done);
     });
     bar.finish_and_clear();
-    let r = match r {
-        Ok(r) => r,
+    match r {
+        Ok(r) => Ok(print_report(&a.store.display().to_string(), &r)),
         Err(e) => {
             eprintln!("compfs fsck: {e}");
-            return Ok(ExitCode::from(8));
+            Ok(ExitCode::from(8))
         }
-    };
+    }
+}
+
+/// `compfs fsck s3://… [--full]`: the metadata snapshot's checks, and with `--full` the walk
+/// of every object without the metadata.
+fn fsck_bucket(url: &compfs_store::object::S3Url, a: &FsckArgs) -> Result<ExitCode> {
+    if a.repair {
+        eprintln!("compfs fsck: --repair of a store in a bucket is not supported");
+        return Ok(ExitCode::from(8));
+    }
+    let r = compfs_store::object::fsck_bucket(
+        url,
+        &super::s3::default_options(),
+        a.full,
+        &mut |_, _| {},
+    );
+    match r {
+        Ok(r) => {
+            if a.full {
+                println!(
+                    "{url}: walked {} objects ({}), {} extents, without the metadata",
+                    r.objects,
+                    human(r.object_bytes),
+                    r.walked_extents
+                );
+            }
+            Ok(print_report(&url.to_string(), &r.report))
+        }
+        Err(e) => {
+            eprintln!("compfs fsck: {e}");
+            Ok(ExitCode::from(8))
+        }
+    }
+}
+
+/// Prints what fsck found; the exit code of e2fsck for it.
+fn print_report(name: &str, r: &compfs_store::FsckReport) -> ExitCode {
     for p in &r.problems {
         let tag = if p.kind.is_info() {
             "note"
@@ -122,7 +161,7 @@ pub fn fsck_cmd(a: FsckArgs) -> Result<ExitCode> {
     }
     println!(
         "{}: {} inodes, {} extents ({} verified), {} segments, {} reclaimable by gc; {} errors, {} repaired",
-        a.store.display(),
+        name,
         r.inodes,
         r.extents,
         human(r.bytes_verified),
@@ -132,13 +171,13 @@ pub fn fsck_cmd(a: FsckArgs) -> Result<ExitCode> {
         r.repaired()
     );
     // e2fsck exit codes: 0 clean, 1 errors corrected, 4 errors left uncorrected.
-    Ok(ExitCode::from(if r.unrepaired() > 0 {
+    ExitCode::from(if r.unrepaired() > 0 {
         4
     } else if r.repaired() > 0 {
         1
     } else {
         0
-    }))
+    })
 }
 
 pub fn gc(a: GcArgs) -> Result<ExitCode> {

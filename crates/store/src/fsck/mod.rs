@@ -6,9 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase};
 
+use crate::backend::{Backend, StdBackend};
 use crate::error::Result;
 use crate::open::{check_identity, open_db, read_superblock};
 use crate::records::{SegmentRec, StatRec};
@@ -113,6 +115,17 @@ impl FsckReport {
 /// Checks the (closed) store in `dir`; with `repair`, fixes what can be fixed safely.
 /// `progress(done, total)` is called as extents and segments are verified (bytes).
 pub fn fsck(dir: &Path, repair: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckReport> {
+    fsck_with(dir, repair, Arc::new(StdBackend), progress)
+}
+
+/// [`fsck`] reading segment bytes through `backend` (a store in a bucket: its objects,
+/// behind the placeholders of `dir/segs`).
+pub(crate) fn fsck_with(
+    dir: &Path,
+    repair: bool,
+    backend: Arc<dyn Backend>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<FsckReport> {
     let mut sb = read_superblock(dir)?;
     let db = open_db(dir)?;
     check_identity(dir, &db, &sb)?;
@@ -120,18 +133,18 @@ pub fn fsck(dir: &Path, repair: bool, progress: &mut dyn FnMut(u64, u64)) -> Res
         // Repairs write records in the current format.
         crate::open::upgrade_format(dir, &db, &mut sb)?;
     }
-    let first = check(dir, &db, &sb.uuid, repair, progress)?;
+    let first = check(dir, &backend, &db, &sb.uuid, repair, progress)?;
     if !repair || first.problems.is_empty() {
         return Ok(first);
     }
     // Structural repairs change counts; further passes settle them. The first pass's findings
     // are the report; each counts as repaired if a final check no longer sees its kind+inode.
     for _ in 0..3 {
-        if check(dir, &db, &sb.uuid, true, &mut |_, _| {})?.errors() == 0 {
+        if check(dir, &backend, &db, &sb.uuid, true, &mut |_, _| {})?.errors() == 0 {
             break;
         }
     }
-    let verify = check(dir, &db, &sb.uuid, false, &mut |_, _| {})?;
+    let verify = check(dir, &backend, &db, &sb.uuid, false, &mut |_, _| {})?;
     let remaining: BTreeSet<(ProblemKind, Option<Ino>, String)> = verify
         .problems
         .iter()
@@ -195,6 +208,7 @@ struct Fixes {
 
 fn check(
     dir: &Path,
+    backend: &Arc<dyn Backend>,
     db: &Database,
     uuid: &[u8; 16],
     repair: bool,
@@ -206,7 +220,7 @@ fn check(
     let mut fx = Fixes::default();
     let mut rep = FsckReport::default();
     let txn = db.begin_read()?;
-    let l = load(dir, &txn, &mut c, &mut fx, &mut rep)?;
+    let l = load(dir, backend.clone(), &txn, &mut c, &mut fx, &mut rep)?;
     let max_ino = check_tree(&l, &mut c, &mut fx);
     let mu = check_maps(&txn, &l, &mut c, &mut fx)?;
     check_prealloc(&txn, &l, &mut c, &mut fx)?;

@@ -2,10 +2,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::{ReadTransaction, ReadableTable};
 
 use super::{Ctx, Fixes, ProblemKind};
+use crate::backend::{Backend, SegFile};
 use crate::error::Result;
 use crate::meta;
 use crate::records::{
@@ -20,6 +22,8 @@ use crate::FsckReport;
 /// for all the passes of a check.
 pub(super) struct Loaded {
     pub(super) seg_dir: PathBuf,
+    /// How segment bytes are read (the files, or a bucket's objects).
+    pub(super) backend: Arc<dyn Backend>,
     pub(super) inodes: BTreeMap<Ino, InodeRec>,
     pub(super) dirents: Vec<(Ino, Vec<u8>, DirentRec)>,
     pub(super) index: BTreeMap<(Ino, u64), Vec<u8>>,
@@ -64,6 +68,7 @@ impl Progress<'_> {
 /// Loads the tables (records that do not decode are problems) and lists the segment files.
 pub(super) fn load(
     dir: &Path,
+    backend: Arc<dyn Backend>,
     txn: &ReadTransaction,
     c: &mut Ctx,
     fx: &mut Fixes,
@@ -168,6 +173,7 @@ pub(super) fn load(
     }
     Ok(Loaded {
         seg_dir,
+        backend,
         inodes,
         dirents,
         index,
@@ -465,6 +471,7 @@ pub(super) fn check_extents(
 ) -> Result<ExtentUse> {
     let Loaded {
         seg_dir,
+        backend,
         extents,
         seg_index,
         files,
@@ -474,7 +481,7 @@ pub(super) fn check_extents(
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut stat_calc: BTreeMap<u8, StatRec> = BTreeMap::new();
     let mut disk: HashMap<Ino, u64> = HashMap::new();
-    let mut open_files: HashMap<u64, std::fs::File> = HashMap::new();
+    let mut open_files: HashMap<u64, Arc<dyn SegFile>> = HashMap::new();
     let mut max_ext = 0u64;
     for (&id, x) in extents {
         max_ext = max_ext.max(id);
@@ -519,7 +526,7 @@ pub(super) fn check_extents(
             }
             let f = match open_files.get(&x.segment) {
                 Some(f) => f,
-                None => match std::fs::File::open(seg_dir.join(segment_file_name(x.segment))) {
+                None => match backend.open(&seg_dir.join(segment_file_name(x.segment)), false) {
                     Ok(f) => open_files.entry(x.segment).or_insert(f),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                         return Ok(Err(format!("segment {} unreadable: {e}", x.segment)))
@@ -527,7 +534,7 @@ pub(super) fn check_extents(
                     Err(e) => return Err(e),
                 },
             };
-            verify_stored(f, id, x)
+            verify_stored(&|b, o| f.read_exact_at(b, o), id, x)
         })()?;
         pr.advance(x.footprint());
         if let Err(why) = check {
@@ -568,15 +575,16 @@ pub(super) fn check_extents(
     })
 }
 
-/// Reads extent `id` (record `x`) from its segment file `f` and verifies it: `Ok(Err(why))`
-/// when it is damaged or missing (the file ends before it), `Err` when the device fails.
+/// Reads extent `id` (record `x`) from its segment with `read_at` and verifies it:
+/// `Ok(Err(why))` when it is damaged or missing (the segment ends before it), `Err` when the
+/// device fails.
 pub(super) fn verify_stored(
-    f: &std::fs::File,
+    read_at: &dyn Fn(&mut [u8], u64) -> std::io::Result<()>,
     id: u64,
     x: &ExtentRec,
 ) -> std::io::Result<std::result::Result<(), String>> {
     let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
-    match std::os::unix::fs::FileExt::read_exact_at(f, &mut raw, x.seg_offset) {
+    match read_at(&mut raw, x.seg_offset) {
         Ok(()) => Ok(crate::read::verify_extent(id, x, &raw).map(|_| ())),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Ok(Err(format!("read failed: {e}")))
@@ -702,6 +710,7 @@ pub(super) fn check_segment_files(
 ) -> Result<()> {
     let Loaded {
         seg_dir,
+        backend,
         segments,
         files,
         seg_index,
@@ -710,7 +719,20 @@ pub(super) fn check_segment_files(
     rep.segments = files.len() as u64;
     for (&id, &flen) in files {
         let path = seg_dir.join(segment_file_name(id));
-        let data = std::fs::read(&path)?;
+        let data = match read_segment(backend.as_ref(), &path) {
+            Ok(d) => d,
+            // A segment in a bucket with a range no object holds.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                pr.advance(flen);
+                c.add(
+                    ProblemKind::MissingExtent,
+                    None,
+                    format!("segment {id}: {e}"),
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         pr.advance(flen);
         let Some(srec) = segments.get(&id) else {
             c.add(
@@ -794,6 +816,15 @@ pub(super) fn check_segment_files(
     Ok(())
 }
 
+/// The whole of a segment, through the backend.
+fn read_segment(backend: &dyn Backend, path: &Path) -> std::io::Result<Vec<u8>> {
+    let f = backend.open(path, false)?;
+    let len = usize::try_from(f.size()?).map_err(|_| std::io::Error::other("segment too large"))?;
+    let mut data = vec![0u8; len];
+    f.read_exact_at(&mut data, 0)?;
+    Ok(data)
+}
+
 /// Id counters above every id in use.
 pub(super) fn check_counters(
     txn: &ReadTransaction,
@@ -850,12 +881,15 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         // Reading a directory fails with EISDIR: a stand-in for a failing device.
         let dir = std::fs::File::open(t.path()).unwrap();
-        let e = verify_stored(&dir, 1, &x).unwrap_err();
+        use std::os::unix::fs::FileExt;
+        let e = verify_stored(&|b, o| dir.read_exact_at(b, o), 1, &x).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
         let short = t.path().join("short");
         std::fs::write(&short, [0u8; 70]).unwrap();
         let f = std::fs::File::open(&short).unwrap();
-        let why = verify_stored(&f, 1, &x).unwrap().unwrap_err();
+        let why = verify_stored(&|b, o| f.read_exact_at(b, o), 1, &x)
+            .unwrap()
+            .unwrap_err();
         assert!(why.starts_with("read failed"), "{why}");
     }
 }

@@ -7,9 +7,11 @@
 //! on object storage", for the layout and the commit protocol.
 
 pub mod blockcache;
+pub mod check;
 pub mod layout;
 pub mod readahead;
 pub mod remote;
+pub mod retry;
 pub mod segments;
 pub mod snapshot;
 
@@ -17,6 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+pub use check::{fsck_bucket, BucketReport};
 pub use remote::{Remote, RemoteConfig, RemoteCounts, S3Url};
 pub use segments::ObjectBackend;
 
@@ -38,6 +41,10 @@ pub trait DurableHook: Send + Sync {
 /// Default bound of the local segment data cache.
 pub const DEFAULT_CACHE_SIZE: u64 = 1 << 30;
 
+/// Default dirty limit: appended segment bytes held in memory before their upload, above
+/// which writers upload them themselves and wait.
+pub const DEFAULT_DIRTY_LIMIT: u64 = 64 << 20;
+
 /// Options of a store in a bucket.
 #[derive(Debug, Clone)]
 pub struct ObjectOptions {
@@ -47,6 +54,9 @@ pub struct ObjectOptions {
     pub cache_dir: Option<PathBuf>,
     /// Bound of the data cache in bytes (0: no cache, every read a ranged GET of its bytes).
     pub cache_size: u64,
+    /// Appended segment bytes not yet uploaded (held in memory) above which writes block
+    /// until uploads catch up (`-o dirty_limit=`).
+    pub dirty_limit: u64,
 }
 
 impl Default for ObjectOptions {
@@ -55,6 +65,7 @@ impl Default for ObjectOptions {
             remote: RemoteConfig::default(),
             cache_dir: None,
             cache_size: DEFAULT_CACHE_SIZE,
+            dirty_limit: DEFAULT_DIRTY_LIMIT,
         }
     }
 }
@@ -165,7 +176,12 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
     ));
     let _ = std::fs::remove_dir_all(&scratch);
     let r = (|| -> Result<()> {
-        let backend = ObjectBackend::open(remote.clone(), &scratch.join(SEGMENT_DIR), None)?;
+        let backend = ObjectBackend::open(
+            remote.clone(),
+            &scratch.join(SEGMENT_DIR),
+            None,
+            o.dirty_limit,
+        )?;
         let hook = MetaUploaderHook {
             remote: remote.clone(),
             cache_dir: scratch.clone(),
@@ -237,7 +253,12 @@ pub fn open(
         None
     };
     std::fs::create_dir_all(cache_dir.join(SEGMENT_DIR))?;
-    let backend = ObjectBackend::open(remote.clone(), &cache_dir.join(SEGMENT_DIR), cache)?;
+    let backend = ObjectBackend::open(
+        remote.clone(),
+        &cache_dir.join(SEGMENT_DIR),
+        cache,
+        o.dirty_limit,
+    )?;
     let hook: Option<Arc<dyn DurableHook>> = if opts.read_only {
         None
     } else {

@@ -134,6 +134,8 @@ pub struct Remote {
     pub url: S3Url,
     rt: tokio::runtime::Runtime,
     pub stats: RemoteStats,
+    /// How long a failing request is retried ([`RemoteConfig::deadline`]).
+    deadline: Duration,
 }
 
 /// Reads a credentials file after checking that only its owner (us) can read it.
@@ -232,6 +234,7 @@ impl Remote {
             url: url.clone(),
             rt,
             stats: RemoteStats::default(),
+            deadline: cfg.deadline,
         })
     }
 
@@ -330,10 +333,11 @@ impl Remote {
     /// Keys (below the prefix) and sizes of every object under `folder`.
     pub fn list(&self, folder: &str) -> io::Result<Vec<(String, u64)>> {
         let p = self.path(folder);
-        let v: Vec<object_store::ObjectMeta> = self
-            .rt
-            .block_on(self.store.list(Some(&p)).try_collect())
-            .map_err(io_err)?;
+        // A listing cut off while its body is read is not retried by the client: here.
+        let v: Vec<object_store::ObjectMeta> = super::retry::retry_until(self.deadline, || {
+            self.rt.block_on(self.store.list(Some(&p)).try_collect())
+        })
+        .map_err(io_err)?;
         self.stats.lists.fetch_add(1, Ordering::Relaxed);
         let strip = if self.prefix.is_empty() {
             String::new()

@@ -55,13 +55,13 @@ pub(crate) struct Shared {
     inflight: Inflight,
     /// Readahead threads running.
     ahead_running: AtomicUsize,
+    /// Appended bytes held in memory (not yet uploaded) above which a writer uploads them
+    /// itself, and waits: the dirty limit.
+    dirty_limit: u64,
 }
 
 /// Readahead threads running at once, at most.
 const MAX_READAHEADS: usize = 2;
-
-/// Appended bytes held in memory (not yet uploaded) above which a writer uploads them itself.
-const PENDING_LIMIT: u64 = 64 << 20;
 
 impl Shared {
     /// Readahead: fetches blocks `plan` of segment `id` (chunk start, length, block) by
@@ -183,11 +183,13 @@ pub struct ObjectBackend {
 impl ObjectBackend {
     /// Lists the segment chunks of the bucket and lays the placeholders in `seg_dir` (removing
     /// those of segments the bucket has not). `cache` is the block cache (none: every read is
-    /// a ranged GET of just its bytes).
+    /// a ranged GET of just its bytes); `dirty_limit` bounds the appended bytes held in
+    /// memory before their upload.
     pub(crate) fn open(
         remote: Arc<Remote>,
         seg_dir: &Path,
         cache: Option<BlockCache>,
+        dirty_limit: u64,
     ) -> io::Result<ObjectBackend> {
         let mut segs: HashMap<u64, SegState> = HashMap::new();
         for (key, size) in remote.list(super::layout::SEGS_FOLDER)? {
@@ -235,6 +237,7 @@ impl ObjectBackend {
                 pending_bytes: AtomicU64::new(0),
                 inflight: Inflight::default(),
                 ahead_running: AtomicUsize::new(0),
+                dirty_limit,
             }),
         })
     }
@@ -485,9 +488,10 @@ impl SegFile for ObjectSegFile {
             .pending_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed)
             + buf.len() as u64;
-        // A bound on appends held in memory while uploads lag (a slow or unreachable server):
-        // the writer uploads them itself, and waits.
-        if total > PENDING_LIMIT {
+        // The dirty limit: a bound on appends held in memory while uploads lag (a slow or
+        // unreachable server). The writer uploads them itself and waits (behind an upload
+        // under way, then through its own PUTs' retries, up to the deadline: then EIO).
+        if total > self.shared.dirty_limit {
             self.shared.sync_all()?;
         }
         Ok(())

@@ -1,0 +1,371 @@
+//! Stores in a bucket behind a fault proxy (a real s3s-fs server, the proxy forwarding bytes
+//! to it): with connections cut mid-request and mid-answer, delays and 503 answers, requests
+//! are retried with backoff and nothing acknowledged is lost; with the bucket unreachable,
+//! writes block on the dirty limit (memory stays bounded), then fail with EIO once the
+//! deadline passed and the store turns read-only.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod s3support;
+use common::*;
+use s3support::*;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, S3Url};
+use compfs_store::*;
+
+fn mkfs(url: &S3Url, o: &ObjectOptions) {
+    let opts = CreateOptions {
+        extent_size: 16384,
+        ..CreateOptions::default()
+    };
+    object::create(url, o, &opts, tuning()).unwrap();
+}
+
+fn open_s3(url: &S3Url, o: &ObjectOptions) -> ObjectStoreHandle {
+    object::open(url, o, &OpenOptions::default(), tuning()).unwrap()
+}
+
+fn new_file(s: &Store, name: &str, data: &[u8]) -> Ino {
+    let a = s
+        .mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+        .unwrap();
+    s.open_file(a.ino).unwrap();
+    s.write(a.ino, 0, data).unwrap();
+    a.ino
+}
+
+/// mkfs, mount, writes and fsyncs through a proxy that answers 503, cuts requests and answers
+/// halfway and delays (seeded): every operation succeeds (the client retried, waiting its
+/// backoff before each retry), and a mount from an empty cache directory straight from the
+/// server reads every acknowledged byte.
+#[test]
+fn faults_between_store_and_bucket_are_retried_and_lose_nothing_acknowledged() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(
+        srv.addr(),
+        Faults {
+            seed: 18,
+            unavailable: 100,
+            drop_request: 80,
+            drop_response: 80,
+            delay: 150,
+            max_delay: Duration::from_millis(30),
+        },
+    );
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/proxied").unwrap();
+    let o = srv.options_via(
+        &proxy,
+        &t.path().join("c1"),
+        8 << 20,
+        Duration::from_secs(30),
+    );
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let mut acked: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..8u64 {
+        let data = if i % 2 == 0 {
+            pattern(200_000 + i as usize * 30_011, i)
+        } else {
+            random(150_000 + i as usize * 20_011, i)
+        };
+        let name = format!("f{i}");
+        let ino = new_file(&h.store, &name, &data);
+        h.store.fsync(ino, false).unwrap();
+        acked.push((name, data));
+    }
+    // A file overwritten in place, then synced with the whole store.
+    let a = h.store.lookup(ROOT_INO, b"f3").unwrap();
+    let patch = random(40_000, 99);
+    h.store.write(a.ino, 10_000, &patch).unwrap();
+    acked[3].1[10_000..50_000].copy_from_slice(&patch);
+    h.store.sync().unwrap();
+    let c = proxy.counts();
+    assert!(
+        c.unavailable >= 3 && c.dropped_requests >= 2 && c.dropped_responses >= 2 && c.delayed > 0,
+        "too few faults to test anything: {c:?}"
+    );
+    // Every fault of a request for one object (a PUT, a ranged GET) was retried, and not at
+    // once: the backoff starts at 100 ms. (Other requests, such as bulk deletes, repeat their
+    // target for other work, so the next one is not necessarily a retry.)
+    let retries: Vec<Retry> = proxy
+        .retries()
+        .into_iter()
+        .filter(|r| r.what.starts_with("PUT ") || r.what.starts_with("GET /compfs/proxied/"))
+        .collect();
+    assert!(retries.len() >= 3, "{retries:?}");
+    eprintln!("proxy: {c:?}; {} PUT/GET faults retried", retries.len());
+    for r in &retries {
+        let at = r
+            .retried_at
+            .unwrap_or_else(|| panic!("{} ({}) was never retried", r.what, r.fault));
+        let gap = at - r.failed_at;
+        assert!(
+            gap >= Duration::from_millis(80),
+            "{} ({}) retried after {gap:?}, without backoff",
+            r.what,
+            r.fault
+        );
+    }
+    // The writer is lost (no unmount); another machine mounts straight from the server.
+    std::mem::forget(h);
+    drop(proxy);
+    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    for (name, data) in &acked {
+        let a = h2.store.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        assert!(
+            read_all(&h2.store, a.ino).unwrap() == *data,
+            "{name} differs"
+        );
+    }
+    h2.store.close().unwrap();
+}
+
+/// The bucket becomes unreachable (the proxy swallows every request). Store A: a writer going
+/// on blocks once the dirty limit of appended bytes is held in memory, instead of growing it,
+/// and once the deadline passed its write fails with EIO and the store is read-only. Store B,
+/// meanwhile: an fsync fails with EIO after the deadline, and the store is read-only. What was
+/// acknowledged before reads back from an empty cache directory.
+#[test]
+fn an_unreachable_bucket_blocks_writes_on_the_dirty_limit_then_fails_with_eio() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let deadline = Duration::from_secs(2);
+    let limit = 4u64 << 20;
+    let stores: Vec<(S3Url, Arc<ObjectStoreHandle>, Vec<u8>)> = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let url = S3Url::parse(&format!("s3://compfs/unreachable-{n}")).unwrap();
+            let mut o = srv.options_via(&proxy, &t.path().join(n), 0, deadline);
+            o.dirty_limit = limit;
+            mkfs(&url, &o);
+            let h = Arc::new(open_s3(&url, &o));
+            let before = random(1 << 20, i as u64);
+            let ino = new_file(&h.store, "before", &before);
+            h.store.fsync(ino, false).unwrap();
+            (url, h, before)
+        })
+        .collect();
+    let (ha, hb) = (stores[0].1.clone(), stores[1].1.clone());
+    let mk = |h: &ObjectStoreHandle| {
+        let a = h
+            .store
+            .mknod(ROOT_INO, b"during", FileKind::File, 0o644, 0, 0, 0)
+            .unwrap();
+        h.store.open_file(a.ino).unwrap();
+        a.ino
+    };
+    let (ia, ib) = (mk(&ha), mk(&hb));
+
+    proxy.black_hole(true);
+    let written = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let writer = {
+        let (h, written, done) = (ha.clone(), written.clone(), done.clone());
+        std::thread::spawn(move || {
+            let total = 64u64 << 20;
+            let mut off = 0u64;
+            let r = loop {
+                if off >= total {
+                    break Ok(());
+                }
+                let chunk = random(256 << 10, off);
+                if let Err(e) = h.store.write(ia, off, &chunk) {
+                    break Err(e);
+                }
+                off += chunk.len() as u64;
+                written.store(off, Ordering::SeqCst);
+            };
+            done.store(true, Ordering::SeqCst);
+            r
+        })
+    };
+    // While A's writer is blocked, appended bytes in memory stay near the limit.
+    let sampler = {
+        let (h, done) = (ha.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut max = 0u64;
+            while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
+                max = max.max(h.backend.pending_bytes());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            max
+        })
+    };
+    // B: an fsync of data appended while the bucket is unreachable.
+    hb.store.write(ib, 0, &random(300_000, 7)).unwrap();
+    let t0 = Instant::now();
+    let e = hb.store.fsync(ib, false).unwrap_err();
+    let fsync_took = t0.elapsed();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(
+        fsync_took >= deadline && fsync_took < deadline * 5,
+        "fsync failed after {fsync_took:?} with a deadline of {deadline:?}"
+    );
+    let e = hb.store.write(ib, 0, b"x").unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+
+    let r = writer.join().unwrap();
+    let took = start.elapsed();
+    let max_pending = sampler.join().unwrap();
+    let e = r.expect_err("64 MiB written to an unreachable bucket with a 4 MiB dirty limit");
+    assert!(
+        e.errno() == libc::EIO || matches!(e, Error::ReadOnly(_)),
+        "the blocked write failed with {e}"
+    );
+    let w = written.load(Ordering::SeqCst);
+    assert!(
+        w < 32 << 20,
+        "{w} bytes written with the bucket unreachable"
+    );
+    // Appends of one flush may pass the limit before the writer waits: one flush's worth.
+    assert!(
+        max_pending <= limit + (8 << 20),
+        "{max_pending} bytes pending with a limit of {limit}"
+    );
+    assert!(
+        took >= deadline && took < deadline * 10,
+        "the write failed after {took:?} with a deadline of {deadline:?}"
+    );
+    eprintln!(
+        "dirty limit {limit}: at most {max_pending} bytes pending, {w} bytes written, the \
+         write failed after {took:?}, fsync after {fsync_took:?}"
+    );
+    let e = ha.store.write(ia, 0, b"x").unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+    assert!(proxy.counts().black_holed > 0);
+    drop((ha, hb));
+    for (_, h, _) in &stores {
+        std::mem::forget(h.clone());
+    }
+    drop(proxy);
+    for (i, (url, _, before)) in stores.iter().enumerate() {
+        let o2 = srv.options(&t.path().join(format!("r{i}")), 0, Duration::from_secs(20));
+        let h2 = open_s3(url, &o2);
+        let a = h2.store.lookup(ROOT_INO, b"before").unwrap();
+        assert!(read_all(&h2.store, a.ino).unwrap() == *before);
+        h2.store.close().unwrap();
+    }
+}
+
+/// `fsck --full` of a store in a bucket: clean when it is, right after a GC too (the fetchable
+/// snapshot references no deleted object); a byte flipped in a chunk object
+/// (in the server's data directory) is found by the walk without the metadata and by the
+/// metadata checks, and a read of the file it belongs to fails with EIO (the other files read
+/// right, never wrong bytes); an object whose size disagrees with its name is found too.
+#[test]
+fn fsck_full_finds_a_damaged_object_and_reads_of_it_fail_with_eio() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/damaged").unwrap();
+    let o = srv.options(&t.path().join("w"), 0, Duration::from_secs(20));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let mut files: Vec<(String, Vec<u8>)> = (0..4u64)
+        .map(|i| (format!("f{i}"), random(300_000 + i as usize * 1000, i)))
+        .collect();
+    let mut inos = Vec::new();
+    for (name, data) in &files {
+        inos.push(new_file(&h.store, name, data));
+    }
+    h.store.sync().unwrap();
+    // GC after an overwrite deletes chunks; the writer is then lost. The snapshot a mount
+    // fetches references no deleted object: every extent it names reads and checks out.
+    files[0].1 = random(300_000, 50);
+    h.store.write(inos[0], 0, &files[0].1).unwrap();
+    h.store.sync().unwrap();
+    let g = h.store.gc().unwrap();
+    assert!(g.segments_freed > 0, "{g:?}");
+    std::mem::forget(h);
+    let fsck = |full| object::fsck_bucket(&url, &o, full, &mut |_, _| {}).unwrap();
+    let r = fsck(true);
+    assert!(r.report.is_clean(), "{:?}", r.report.problems);
+    assert!(r.objects > 0 && r.walked_extents >= 4 * 18, "{r:?}");
+    assert!(r.report.bytes_verified > 1_000_000, "{r:?}");
+
+    // Flip a byte in the middle of the largest chunk: inside some extent's stored bytes.
+    let chunks = srv.objects("damaged/segs");
+    let victim = chunks
+        .iter()
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap()
+        .clone();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x20;
+    std::fs::write(&victim, &bytes).unwrap();
+    let name = victim.file_name().unwrap().to_string_lossy().into_owned();
+    let r = fsck(true);
+    let walk: Vec<_> = r
+        .report
+        .problems
+        .iter()
+        .filter(|p| p.kind == ProblemKind::CorruptExtent && p.message.starts_with("object "))
+        .collect();
+    assert!(
+        walk.len() == 1 && walk[0].message.contains(&name),
+        "{:?}",
+        r.report.problems
+    );
+    // The metadata checks find it too, without --full.
+    let r = fsck(false);
+    assert!(
+        r.report
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::CorruptExtent && p.message.starts_with("extent ")),
+        "{:?}",
+        r.report.problems
+    );
+    // Reads: EIO for the damaged file, the right bytes for the others.
+    let o2 = srv.options(&t.path().join("r"), 0, Duration::from_secs(20));
+    let h2 = object::open(
+        &url,
+        &o2,
+        &OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        },
+        tuning(),
+    )
+    .unwrap();
+    let mut failed = 0;
+    for (name, data) in &files {
+        let a = h2.store.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        match read_all(&h2.store, a.ino) {
+            Ok(got) => assert!(got == *data, "{name}: wrong bytes"),
+            Err(e) => {
+                assert_eq!(e.errno(), libc::EIO, "{name}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    assert_eq!(failed, 1, "one file holds the damaged byte");
+    h2.store.close().unwrap();
+
+    // An object one byte longer than its name says.
+    let other = chunks.iter().find(|p| **p != victim).unwrap();
+    let mut b = std::fs::read(other).unwrap();
+    b.push(0);
+    std::fs::write(other, &b).unwrap();
+    let r = fsck(true);
+    let oname = other.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        r.report
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::BadSegment
+                && p.message.contains(&oname)
+                && p.message.contains("its name says")),
+        "{:?}",
+        r.report.problems
+    );
+}
