@@ -35,6 +35,9 @@ enum Command {
     Property(cmd::fs::PropertyCommand),
     /// Live statistics of a mounted compfs.
     Stats(cmd::fs::StatsArgs),
+    /// Make a mount durable; with --remote, upload the metadata snapshot of a store in a
+    /// bucket now and wait for it.
+    Sync(cmd::fs::SyncArgs),
     /// Create a store (refuses a non-empty directory or an existing store unless --force).
     Mkfs(cmd::store::MkfsArgs),
     /// Check a store: every metadata invariant and extent checksum (exit 0 clean, 1 corrected,
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
         Command::Defrag(a) => cmd::defrag::run(a),
         Command::Property(c) => cmd::fs::property(c),
         Command::Stats(a) => cmd::fs::stats(a),
+        Command::Sync(a) => cmd::fs::sync(a),
         Command::Umount(a) => cmd::fs::umount(a),
         Command::Mkfs(a) => cmd::store::mkfs(a),
         Command::Fsck(a) => cmd::store::fsck_cmd(a),

@@ -1,8 +1,9 @@
 //! `compfs mkfs/mount/usage/gc s3://BUCKET/PREFIX` against a real local S3 server (s3s-fs,
 //! started by `scripts/s3-local.sh` on a free port, stopped when the test ends even when it
 //! fails): files written and fsynced over FUSE read back after a remount from an empty cache
-//! directory; a kill -9 of the daemon loses nothing fsynced; the credentials file must be
-//! private.
+//! directory; a kill -9 of the daemon loses nothing fsynced; a second read-write mount is
+//! refused (the lease); `compfs sync --remote` puts what was not fsynced in the bucket; the
+//! credentials file must be private.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod fs_common;
 use fs_common::*;
@@ -130,8 +131,44 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
         drop(f);
         std::fs::write(m.path("unsynced"), text_bytes(1 << 20, 9)).unwrap();
         m.kill9();
+        // (The lease of the killed daemon, a dead process of this machine, is taken over.)
         let m = Mount::new(Path::new(url), &mnt, &format!("cache_dir={}", c2.display()));
         assert!(std::fs::read(m.path("more")).unwrap() == more);
+        // One writer: a second read-write mount of the store is refused, naming the holder.
+        let mnt2 = t.path().join("mnt2");
+        std::fs::create_dir_all(&mnt2).unwrap();
+        let c3 = t.path().join("cache3");
+        let (ok, _, err) = compfs_env(
+            &srv,
+            &[
+                "mount",
+                url,
+                mnt2.to_str().unwrap(),
+                "-o",
+                &format!("cache_dir={}", c3.display()),
+                "--force",
+            ],
+        );
+        assert!(
+            !ok && err.contains("is mounted read-write by") && err.contains("unmount it there"),
+            "second mount: {err}"
+        );
+        assert!(!is_mounted(&mnt2));
+        // sync --remote: a change nobody fsynced is in the bucket once it returns.
+        let late = text_bytes(300_000, 10);
+        std::fs::write(m.path("late"), &late).unwrap();
+        let (ok, out, err) = compfs_env(&srv, &["sync", "--remote", mnt.to_str().unwrap()]);
+        assert!(ok, "sync --remote: {err}");
+        assert!(
+            out.contains("s3://compfs/fuse/one: metadata snapshot generation")
+                && out.contains("no changes pending"),
+            "{out}"
+        );
+        // The machine is lost: another one mounts from an empty cache directory.
+        m.kill9();
+        let c4 = t.path().join("cache4");
+        let m = Mount::new(Path::new(url), &mnt, &format!("cache_dir={}", c4.display()));
+        assert!(std::fs::read(m.path("late")).unwrap() == late);
         assert!(m.unmount().success());
     }
     let (ok, out, err) = compfs_env(&srv, &["usage", url]);

@@ -2,6 +2,7 @@
 //!
 //! * `compfs.usage` on a regular file: that file's compsize figures ([`UsageReport::to_record`]).
 //! * `compfs.stats` on the root directory: the store's live counters ([`StatsRecord`]).
+//! * `compfs.remote` on the root directory of a store in a bucket: its metadata snapshot.
 //!
 //! The kernel checks read permission on the inode before passing a getxattr of a namespace it
 //! does not know (fs/xattr.c `xattr_permission()` → `inode_permission(MAY_READ)`), so a user
@@ -22,9 +23,14 @@ pub const USAGE_XATTR: &str = "compfs.usage";
 /// Whole-store statistics record (root directory only).
 pub const STATS_XATTR: &str = "compfs.stats";
 
+/// The metadata snapshot of a store in a bucket (root directory only): one line.
+pub const REMOTE_XATTR: &str = "compfs.remote";
+
 /// True for the names this layer answers itself.
 pub fn is_virtual(name: &[u8]) -> bool {
-    name == USAGE_XATTR.as_bytes() || name == STATS_XATTR.as_bytes()
+    name == USAGE_XATTR.as_bytes()
+        || name == STATS_XATTR.as_bytes()
+        || name == REMOTE_XATTR.as_bytes()
 }
 
 /// The value of a virtual xattr.
@@ -37,6 +43,11 @@ pub fn virtual_xattr(store: &Store, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Er
         Ok(report_from_usage(&store.usage(&[ino])?).to_record())
     } else if name == STATS_XATTR.as_bytes() && ino == ROOT_INO {
         Ok(StatsRecord::from_stats(&store.stats()).encode())
+    } else if name == REMOTE_XATTR.as_bytes() && ino == ROOT_INO {
+        store
+            .remote_status()
+            .map(String::into_bytes)
+            .ok_or(Error::NoXattr)
     } else {
         Err(Error::NoXattr)
     }

@@ -63,6 +63,9 @@ pub enum Error {
     AlreadyExists(PathBuf),
     #[error("store {} is in use by another process (mounted?); unmount it first", .0.display())]
     InUse(PathBuf),
+    /// A store in a bucket whose lease another mount holds (the message names it).
+    #[error("{0}")]
+    LeaseHeld(String),
 }
 
 impl Error {
@@ -81,7 +84,7 @@ impl Error {
             Error::NoData => libc::ENXIO,
             Error::ReadOnly(_) => libc::EROFS,
             Error::NoSpace => libc::ENOSPC,
-            Error::InUse(_) => libc::EBUSY,
+            Error::InUse(_) | Error::LeaseHeld(_) => libc::EBUSY,
             Error::Io(e) => match e.raw_os_error() {
                 Some(n) => n,
                 None => libc::EIO,

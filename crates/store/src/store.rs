@@ -144,6 +144,9 @@ pub(crate) struct Inner {
     pub next_extent: AtomicU64,
     pub gc_lock: Mutex<()>,
     pub last_durable: Mutex<Instant>,
+    /// Since when commits changed the metadata without a durable commit having passed that
+    /// on to the [`crate::object::DurableHook`] (which uploads snapshots only of changes).
+    pub changed: Mutex<Option<Instant>>,
     /// Attribute changes not yet in the metadata, written by the next commit (see `attrs`).
     pub patches: Mutex<Patches>,
     /// Queue of the writeback thread: small files flushed after their last close.
@@ -355,6 +358,7 @@ impl Store {
             next_extent: AtomicU64::new(next_extent),
             gc_lock: Mutex::new(()),
             last_durable: Mutex::new(Instant::now()),
+            changed: Mutex::new(None),
             patches: Mutex::new(Patches::default()),
             writeback: Mutex::new(None),
             reserve,
@@ -408,6 +412,11 @@ impl Store {
         self.inner.check_writable()?;
         self.inner.flush_all(false)?;
         self.inner.commit_durable()
+    }
+
+    /// One line on the metadata snapshot in the bucket of a store in one (none otherwise).
+    pub fn remote_status(&self) -> Option<String> {
+        self.inner.tuning.after_durable.as_ref().map(|h| h.status())
     }
 
     /// Flushes, syncs and stops the worker threads.

@@ -26,6 +26,11 @@ impl Inner {
         Ok(())
     }
 
+    /// Notes that a commit is about to change the metadata (see [`Inner::changed`]).
+    fn note_change(&self) {
+        lock(&self.changed).get_or_insert_with(Instant::now);
+    }
+
     /// Latches the store read-only after a failed write, sync or commit, and passes the error on.
     pub(crate) fn fail(&self, e: Error) -> Error {
         if !self.ro_flag.swap(true, Ordering::SeqCst) {
@@ -61,6 +66,18 @@ impl Inner {
         durable: bool,
         body: impl FnOnce(&mut W<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.note_change();
+        self.write_as(durable, false, body)
+    }
+
+    /// [`Inner::write`]; `periodic`: a durable commit of the flusher rather than one asked for
+    /// (fsync, sync, unmount, GC), which the [`crate::object::DurableHook`] is told.
+    fn write_as<T>(
+        &self,
+        durable: bool,
+        periodic: bool,
+        body: impl FnOnce(&mut W<'_>) -> Result<T>,
+    ) -> Result<T> {
         self.bg.note_txn();
         let txn = self.begin(durable)?;
         let (out, reserve_delta) = {
@@ -68,7 +85,7 @@ impl Inner {
             let out = body(&mut w).map_err(|e| self.fail_storage(e))?;
             (out, w.reserve_delta)
         };
-        self.commit(txn, durable)?;
+        self.commit(txn, durable, periodic)?;
         // Preallocated bytes added or dropped: the reserve file follows (see `prealloc`).
         self.settle(reserve_delta);
         Ok(out)
@@ -90,7 +107,14 @@ impl Inner {
     ///
     /// Every commit also writes the pending attribute patches (see `attrs`); they are retired
     /// once the commit succeeded.
-    pub(crate) fn commit(&self, txn: redb::WriteTransaction, durable: bool) -> Result<()> {
+    ///
+    /// `periodic`: the flusher's durable commit (see [`Inner::write_as`]).
+    pub(crate) fn commit(
+        &self,
+        txn: redb::WriteTransaction,
+        durable: bool,
+        periodic: bool,
+    ) -> Result<()> {
         let pending = {
             let p = lock(&self.patches);
             if p.is_empty() {
@@ -100,6 +124,7 @@ impl Inner {
             }
         };
         if !pending.is_empty() {
+            self.note_change();
             write_patches(&txn, &pending).map_err(|e| self.fail(e))?;
         }
         if durable {
@@ -111,7 +136,9 @@ impl Inner {
                 // redb's write lock, held while the hook copies meta.redb: no commit changes
                 // the file meanwhile, so the copy is the image of this durable commit.
                 let hold = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
-                let r = h.after_durable_commit();
+                // Every commit that changed something is in the file now (the lock is held).
+                let changed = lock(&self.changed).take();
+                let r = h.after_durable_commit(periodic, changed);
                 hold.abort().map_err(|e| self.fail(e.into()))?;
                 r.map_err(|e| self.fail(Error::from_io(e)))?;
             }
@@ -126,6 +153,11 @@ impl Inner {
     /// A durable (fsync'ing) commit: makes every earlier non-durable commit durable. Every
     /// segment byte those commits reference was synced before they committed.
     pub(crate) fn commit_durable(&self) -> Result<()> {
-        self.write(true, |_| Ok(()))
+        self.write_as(true, false, |_| Ok(()))
+    }
+
+    /// The flusher's periodic durable commit (see [`Inner::write_as`]).
+    pub(crate) fn commit_durable_periodic(&self) -> Result<()> {
+        self.write_as(true, true, |_| Ok(()))
     }
 }

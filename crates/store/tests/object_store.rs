@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use compfs_store::object::lease::{LeaseOptions, LeaseRecord, LeaseState, LEASE_KEY};
 use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, RemoteConfig, S3Url};
 use compfs_store::*;
 
@@ -76,6 +77,10 @@ impl Server {
             },
             cache_dir: Some(cache.to_path_buf()),
             cache_size,
+            lease: LeaseOptions {
+                timeout: LEASE,
+                force: false,
+            },
             ..ObjectOptions::default()
         }
     }
@@ -118,6 +123,23 @@ fn mkfs(url: &S3Url, o: &ObjectOptions) {
 
 fn open_s3(url: &S3Url, o: &ObjectOptions) -> ObjectStoreHandle {
     object::open(url, o, &OpenOptions::default(), tuning()).unwrap()
+}
+
+/// The lease timeout of the tests' mounts (renewed every third of it).
+const LEASE: Duration = Duration::from_secs(4);
+
+/// The writer is lost (a crash: no final commit, no upload, the lease not released); returns
+/// once its lease expired.
+fn lose_writer(h: ObjectStoreHandle) {
+    h.abandon();
+    std::thread::sleep(LEASE + Duration::from_millis(200));
+}
+
+/// Opens with `--force` (after a lost writer).
+fn open_force(url: &S3Url, o: &ObjectOptions) -> ObjectStoreHandle {
+    let mut o = o.clone();
+    o.lease.force = true;
+    open_s3(url, &o)
 }
 
 fn new_file(s: &Store, name: &str, data: &[u8]) -> Ino {
@@ -170,9 +192,9 @@ fn acknowledged_data_survives_the_loss_of_the_writer() {
     assert!(!srv.objects("durable/store/segs").is_empty());
     assert!(srv.objects("durable/store/meta").len() >= 2);
     // The writer is lost without closing (no final commit, no upload at unmount).
-    std::mem::forget(h);
+    lose_writer(h);
     let o2 = srv.options(&t.path().join("c2"), 64 << 20, Duration::from_secs(20));
-    let h2 = open_s3(&url, &o2);
+    let h2 = open_force(&url, &o2);
     for (name, data) in &files {
         let a = h2.store.lookup(ROOT_INO, name.as_bytes()).unwrap();
         assert!(
@@ -188,7 +210,7 @@ fn acknowledged_data_survives_the_loss_of_the_writer() {
     let more = pattern(500_000, 99);
     new_file(&h2.store, "more", &more);
     h2.store.unlink(ROOT_INO, b"f1").unwrap();
-    h2.store.close().unwrap();
+    h2.close().unwrap();
     let o3 = srv.options(&t.path().join("c3"), 0, Duration::from_secs(20));
     let h3 = open_s3(&url, &o3);
     let a = h3.store.lookup(ROOT_INO, b"more").unwrap();
@@ -197,12 +219,12 @@ fn acknowledged_data_survives_the_loss_of_the_writer() {
     let a = h3.store.lookup(ROOT_INO, b"f4").unwrap();
     assert!(read_all(&h3.store, a.ino).unwrap() == files[4].1);
     new_file(&h3.store, "third", b"from the third mount");
-    h3.store.close().unwrap();
+    h3.close().unwrap();
     // The second cache directory, stale now, is brought up to date at its next mount.
     let h2 = open_s3(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"third").unwrap();
     assert_eq!(read_all(&h2.store, a.ino).unwrap(), b"from the third mount");
-    h2.store.close().unwrap();
+    h2.close().unwrap();
 }
 
 /// The server disappears while a file is written: the sync fails with EIO, the store refuses
@@ -225,13 +247,13 @@ fn a_server_that_disappears_fails_the_sync_with_eio_and_loses_nothing_acknowledg
     assert_eq!(e.errno(), libc::EIO, "{e}");
     let e = h.store.write(ino2, 0, b"x").unwrap_err();
     assert!(matches!(e, Error::ReadOnly(_)), "{e}");
-    std::mem::forget(h);
+    lose_writer(h);
     let srv = srv.restart();
     let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
-    let h2 = open_s3(&url, &o2);
+    let h2 = open_force(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"before").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == before);
-    h2.store.close().unwrap();
+    h2.close().unwrap();
 }
 
 /// Reading more data than the cache holds keeps the cache within its bound, on disk too.
@@ -245,7 +267,7 @@ fn the_data_cache_stays_within_its_bound() {
     let h = open_s3(&url, &o);
     let data = random(8 << 20, 3);
     new_file(&h.store, "big", &data);
-    h.store.close().unwrap();
+    h.close().unwrap();
     let bound = 3u64 << 20;
     let o2 = srv.options(&t.path().join("r"), bound, Duration::from_secs(20));
     let h2 = open_s3(&url, &o2);
@@ -264,7 +286,7 @@ fn the_data_cache_stays_within_its_bound() {
     h2.store.read(a.ino, (7 << 20) as u64, &mut buf).unwrap();
     assert!(buf == data[7 << 20..]);
     assert_eq!(h2.counts().gets, gets);
-    h2.store.close().unwrap();
+    h2.close().unwrap();
 }
 
 /// GC compacts a mostly-dead segment and deletes its chunks only once the snapshot in the
@@ -288,14 +310,14 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
     let r = h.store.gc().unwrap();
     assert!(r.segments_freed > 0, "{r:?}");
     assert!(h.counts().deletes > 0);
-    std::mem::forget(h);
+    lose_writer(h);
     let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
-    let h2 = open_s3(&url, &o2);
+    let h2 = open_force(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"keep").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == keep);
     let a = h2.store.lookup(ROOT_INO, b"churn").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == random(900_000, 6));
-    h2.store.close().unwrap();
+    h2.close().unwrap();
 }
 
 /// A cold sequential read fetches ahead: once a reader missed two blocks in a row, the next
@@ -311,7 +333,7 @@ fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
     let h = open_s3(&url, &o);
     let data = random(12 << 20, 5);
     new_file(&h.store, "big", &data);
-    h.store.close().unwrap();
+    h.close().unwrap();
     let o2 = srv.options(&t.path().join("r"), 1 << 30, Duration::from_secs(20));
     let h2 = open_s3(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"big").unwrap();
@@ -339,5 +361,235 @@ fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
         gets <= blocks + 2,
         "{gets} GETs for {blocks} blocks of segment data"
     );
-    h2.store.close().unwrap();
+    h2.close().unwrap();
+}
+
+/// The lease object as it is in the bucket.
+fn lease_of(url: &S3Url, o: &ObjectOptions) -> LeaseRecord {
+    let r = object::Remote::connect(url, &o.remote).unwrap();
+    LeaseRecord::decode(&r.get(LEASE_KEY).unwrap().expect("a lease object")).unwrap()
+}
+
+/// Writes a lease as another machine's mount would have (unconditionally).
+fn put_foreign_lease(
+    url: &S3Url,
+    o: &ObjectOptions,
+    expires_in_ms: i64,
+    boot_id: [u8; 16],
+    pid: u32,
+) {
+    let now = object::lease::now_ms();
+    let rec = LeaseRecord {
+        state: LeaseState::Held,
+        pid,
+        mount_id: [0xab; 16],
+        boot_id,
+        taken_ms: now - 100_000,
+        expires_ms: (now as i64 + expires_in_ms) as u64,
+        timeout_ms: 60_000,
+        renewals: 7,
+        host: "elsewhere".into(),
+    };
+    let r = object::Remote::connect(url, &o.remote).unwrap();
+    r.put(LEASE_KEY, rec.encode()).unwrap();
+}
+
+fn open_err(url: &S3Url, o: &ObjectOptions) -> String {
+    match object::open(url, o, &OpenOptions::default(), tuning()) {
+        Ok(_) => panic!("a second writer was let in"),
+        Err(e) => {
+            assert!(matches!(e, Error::LeaseHeld(_)), "{e:?}");
+            assert_eq!(e.errno(), libc::EBUSY);
+            e.to_string()
+        }
+    }
+}
+
+/// One writer: a second read-write open of the store is refused with a line naming the
+/// holder, even with --force; a read-only open works; the holder renews the lease while it
+/// runs and releases it when it closes, after which another mount opens without --force.
+#[test]
+fn a_second_writer_is_refused_while_the_lease_is_renewed_then_released() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/lease/one").unwrap();
+    let o1 = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    mkfs(&url, &o1);
+    assert_eq!(lease_of(&url, &o1).state, LeaseState::Released);
+    let h = open_s3(&url, &o1);
+    let r0 = lease_of(&url, &o1);
+    assert_eq!(r0.state, LeaseState::Held);
+    assert_eq!(r0.pid, std::process::id());
+    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let e = open_err(&url, &o2);
+    assert!(
+        e.contains(&r0.host) && e.contains("unmount it there first"),
+        "{e}"
+    );
+    let mut forced = o2.clone();
+    forced.lease.force = true;
+    let e = open_err(&url, &forced);
+    assert!(e.contains("only a lease that expired"), "{e}");
+    // Reading is not writing.
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let r = object::open(&url, &o2, &ro, tuning()).unwrap();
+    assert!(r.lease.is_none());
+    r.close().unwrap();
+    // Renewed: after more than a timeout the lease still holds, later, and writes go on.
+    std::thread::sleep(LEASE + Duration::from_millis(500));
+    let r1 = lease_of(&url, &o1);
+    assert!(r1.renewals >= r0.renewals + 2, "{r0:?} -> {r1:?}");
+    assert!(r1.expires_ms > object::lease::now_ms(), "{r1:?}");
+    assert_eq!(r1.mount_id, r0.mount_id);
+    let ino = new_file(&h.store, "f", b"written after renewals");
+    h.store.fsync(ino, false).unwrap();
+    open_err(&url, &o2);
+    h.close().unwrap();
+    assert_eq!(lease_of(&url, &o1).state, LeaseState::Released);
+    let h2 = open_s3(&url, &o2);
+    let a = h2.store.lookup(ROOT_INO, b"f").unwrap();
+    assert_eq!(
+        read_all(&h2.store, a.ino).unwrap(),
+        b"written after renewals"
+    );
+    h2.close().unwrap();
+}
+
+/// --force takes over an expired lease of another machine, never an unexpired one; a damaged
+/// lease needs --force too; the unreleased lease of a dead process of this machine is taken
+/// over without it.
+#[test]
+fn force_takes_over_only_an_expired_lease() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/lease/force").unwrap();
+    let o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let mut forced = o.clone();
+    forced.lease.force = true;
+    mkfs(&url, &o);
+    put_foreign_lease(&url, &o, 60_000, [1; 16], 1);
+    let e = open_err(&url, &o);
+    assert!(e.contains("elsewhere (pid 1, mount abababab)"), "{e}");
+    open_err(&url, &forced);
+    put_foreign_lease(&url, &o, -5_000, [1; 16], 1);
+    let e = open_err(&url, &o);
+    assert!(e.contains("expired") && e.contains("--force"), "{e}");
+    let h = open_s3(&url, &forced);
+    assert_eq!(lease_of(&url, &o).pid, std::process::id());
+    new_file(&h.store, "mine", b"after the takeover");
+    h.close().unwrap();
+    // A damaged lease: who holds the store is unknown.
+    object::Remote::connect(&url, &o.remote)
+        .unwrap()
+        .put(LEASE_KEY, b"CFSLEASE and then garbage".to_vec())
+        .unwrap();
+    let e = open_err(&url, &o);
+    assert!(e.contains("damaged"), "{e}");
+    open_s3(&url, &forced).close().unwrap();
+    // A process of this machine that died holding the lease (kill -9).
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    put_foreign_lease(&url, &o, 60_000, object::lease::boot_id(), dead);
+    let h = open_s3(&url, &o);
+    let a = h.store.lookup(ROOT_INO, b"mine").unwrap();
+    assert_eq!(read_all(&h.store, a.ino).unwrap(), b"after the takeover");
+    h.close().unwrap();
+}
+
+/// A mount whose lease another machine took over (after it expired) finds out at its next
+/// renewal and writes nothing more to the bucket: its next fsync fails with EIO and the store
+/// latches read-only; the other machine's lease and snapshot stay as they were.
+#[test]
+fn a_mount_whose_lease_was_taken_over_latches_read_only() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/lease/lost").unwrap();
+    let o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let ino = new_file(&h.store, "a", b"before");
+    h.store.fsync(ino, false).unwrap();
+    put_foreign_lease(&url, &o, 60_000, [1; 16], 1);
+    let manifest = srv.objects("lease/lost/meta/manifest");
+    assert_eq!(manifest.len(), 1);
+    let m0 = std::fs::read(&manifest[0]).unwrap();
+    let gate = h.lease.as_ref().unwrap().gate();
+    let deadline = std::time::Instant::now() + LEASE * 3;
+    while !gate.is_lost() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gate.is_lost(), "the renewal did not notice the takeover");
+    let ino2 = new_file(&h.store, "b", &random(100_000, 1));
+    let e = h.store.fsync(ino2, false).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    let e = h.store.write(ino2, 0, b"x").unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+    assert_eq!(std::fs::read(&manifest[0]).unwrap(), m0);
+    assert_eq!(lease_of(&url, &o).host, "elsewhere");
+    let _ = h.close();
+    assert_eq!(lease_of(&url, &o).host, "elsewhere");
+}
+
+/// metadata_interval: an fsync uploads the snapshot at once; a change nobody fsyncs is
+/// uploaded by the flusher within metadata_interval of its commit and not long before; an idle
+/// mount uploads nothing; a mount from an empty cache after the writer is lost sees the change.
+#[test]
+fn unsynced_changes_reach_the_bucket_within_metadata_interval() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/interval").unwrap();
+    let mut o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let interval = Duration::from_secs(6);
+    o.metadata_interval = interval;
+    mkfs(&url, &o);
+    let with_flusher = Tuning {
+        flush_interval: Some(Duration::from_secs(2)),
+        ..tuning()
+    };
+    let h = object::open(&url, &o, &OpenOptions::default(), with_flusher).unwrap();
+    let remote = object::Remote::connect(&url, &o.remote).unwrap();
+    let gen = || {
+        object::snapshot::fetch_manifest(&remote)
+            .unwrap()
+            .unwrap()
+            .gen
+    };
+    let g0 = gen();
+    let ino = new_file(&h.store, "synced", b"fsynced");
+    h.store.fsync(ino, false).unwrap();
+    let g1 = gen();
+    assert!(g1 > g0, "fsync did not upload");
+    let t0 = std::time::Instant::now();
+    let data = random(200_000, 11);
+    new_file(&h.store, "unsynced", &data);
+    // The flusher commits durably every 5 s but uploads only when the change is due.
+    while t0.elapsed() < interval / 2 {
+        assert_eq!(gen(), g1, "uploaded {:?} after the change", t0.elapsed());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    while gen() == g1 {
+        assert!(
+            t0.elapsed() < interval + Duration::from_secs(8),
+            "not uploaded {:?} after the change",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let line = h.store.remote_status().unwrap();
+    assert!(line.contains("generation"), "{line}");
+    // Idle: nothing changes, nothing is uploaded (the flusher still commits every 5 s).
+    std::thread::sleep(Duration::from_millis(500));
+    let g2 = gen();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(gen(), g2, "an idle mount uploaded a snapshot");
+    lose_writer(h);
+    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let h2 = open_force(&url, &o2);
+    let a = h2.store.lookup(ROOT_INO, b"unsynced").unwrap();
+    assert!(read_all(&h2.store, a.ino).unwrap() == data);
+    h2.close().unwrap();
 }

@@ -405,6 +405,7 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                             spec: Some(spec(&format!("zstd:{}", 1 + rng.below(9)))),
                             level: None,
                             force: rng.below(2) == 0,
+                            extent_size: [None, Some(8192), Some(65536)][rng.below(3)],
                         };
                         s.defrag(ino, &t, &mut |_| {}).unwrap();
                     }

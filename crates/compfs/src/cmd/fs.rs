@@ -52,6 +52,10 @@ pub struct MountArgs {
     /// Internal: print "ready" on stdout once mounted (used by the detaching parent).
     #[arg(long, hide = true)]
     pub notify_ready: bool,
+    /// A store in a bucket: take over the lease of another mount that expired without being
+    /// released (that mount crashed or lost the bucket). An unexpired lease is never taken.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -98,6 +102,53 @@ pub struct UmountArgs {
     pub timeout: u64,
 }
 
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// Also upload the metadata snapshot of a store in a bucket now (normally uploaded at
+    /// every fsync and at most metadata_interval after other changes), and wait for it.
+    #[arg(long)]
+    pub remote: bool,
+    /// Mount point of a compfs filesystem.
+    pub mountpoint: PathBuf,
+}
+
+/// `compfs sync [--remote] MNT`: makes everything on the mount durable (an fsync of its root
+/// directory, which commits the whole store durably; for a store in a bucket that uploads the
+/// metadata snapshot and returns once it is in the bucket), then prints the snapshot's line.
+pub fn sync(a: SyncArgs) -> Result<ExitCode> {
+    use compfs_fs::report::REMOTE_XATTR;
+    let not_root = || {
+        anyhow!(
+            "{} is not the root of a mounted compfs filesystem",
+            a.mountpoint.display()
+        )
+    };
+    // Refuse what is not a compfs root before syncing anything.
+    xattr::get(&a.mountpoint, STATS_XATTR)
+        .map_err(|e| not_compfs(&a.mountpoint, &e))?
+        .ok_or_else(not_root)?;
+    let remote =
+        xattr::get(&a.mountpoint, REMOTE_XATTR).map_err(|e| not_compfs(&a.mountpoint, &e))?;
+    if a.remote && remote.is_none() {
+        bail!(
+            "{} is a mount of a store on a local disk: --remote applies to stores in a bucket \
+             (s3://…)",
+            a.mountpoint.display()
+        );
+    }
+    let d = std::fs::File::open(&a.mountpoint)
+        .with_context(|| format!("cannot open {}", a.mountpoint.display()))?;
+    d.sync_all()
+        .with_context(|| format!("sync of {} failed", a.mountpoint.display()))?;
+    if a.remote {
+        let line = xattr::get(&a.mountpoint, REMOTE_XATTR)
+            .map_err(|e| not_compfs(&a.mountpoint, &e))?
+            .ok_or_else(not_root)?;
+        println!("{}", String::from_utf8_lossy(&line));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `compfs umount`: unmounts, then waits until the daemon has made everything durable and
 /// closed the store (see [`compfs_fs::mount::unmount_and_wait`]).
 pub fn umount(a: UmountArgs) -> Result<ExitCode> {
@@ -108,10 +159,14 @@ pub fn umount(a: UmountArgs) -> Result<ExitCode> {
 /// `compfs mount`.
 pub fn mount(a: MountArgs) -> Result<ExitCode> {
     let url = super::s3::url_of(&a.store)?;
-    let (fuse_opts, object_opts) = match &url {
+    let (fuse_opts, mut object_opts) = match &url {
         Some(_) => super::s3::split_options(&a.options)?,
         None => (a.options.clone(), super::s3::default_options()),
     };
+    if a.force && url.is_none() {
+        bail!("--force applies to stores in a bucket (s3://…) only");
+    }
+    object_opts.lease.force = a.force;
     let opts = MountOptions::parse(&fuse_opts)?;
     // The daemon started by spawn_daemon parses the same options: the parent warns once.
     if !a.notify_ready {
@@ -133,9 +188,25 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
     if let Some(url) = &url {
         block_termination_signals();
         let h = super::s3::open(url, &object_opts, &open_options(&opts))?;
+        let compfs_store::object::ObjectStoreHandle {
+            store,
+            cache_dir,
+            backend,
+            lease,
+        } = h;
         // The cache directory stands for the store in the mount table and the serve lock.
-        let r = serve_mounted(&a, h.store, &h.cache_dir, &opts);
-        super::s3::write_request_counts(&h.cache_dir, &h.backend);
+        let r = serve_mounted(&a, store, &cache_dir, &opts);
+        // The store is closed (its last snapshot uploaded): only now is the lease released.
+        if let Some(l) = lease {
+            if r.is_ok() {
+                if let Err(e) = l.release() {
+                    tracing::error!("compfs: store {url}: cannot release the lease: {e}");
+                }
+            } else {
+                l.abandon();
+            }
+        }
+        super::s3::write_request_counts(&cache_dir, &backend);
         return r;
     }
     let store_dir = a
@@ -221,6 +292,9 @@ fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
         .arg(&a.mountpoint)
         .arg("--foreground")
         .arg("--notify-ready");
+    if a.force {
+        cmd.arg("--force");
+    }
     for o in &a.options {
         cmd.arg("-o").arg(o);
     }
@@ -302,6 +376,7 @@ pub fn mount_helper(args: Vec<String>) -> Result<ExitCode> {
         foreground: false,
         log: None,
         notify_ready: false,
+        force: false,
     })
 }
 

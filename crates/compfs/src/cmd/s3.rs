@@ -20,6 +20,7 @@ pub fn url_of(p: &Path) -> Result<Option<S3Url>> {
 /// Takes the object-store options out of `-o` lists: `cache_dir=DIR`, `cache_size=SIZE`,
 /// `credentials=FILE`, `timeout=SECONDS` (how long requests are retried before EIO),
 /// `dirty_limit=SIZE` (appended bytes held in memory before writes wait for uploads);
+/// `metadata_interval=SECONDS` (default 60), `lease_timeout=SECONDS` (default 60);
 /// returns the remaining options for [`compfs_fs::MountOptions::parse`].
 pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
     let mut o = ObjectOptions::default();
@@ -56,11 +57,25 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
                         .ok_or_else(|| anyhow!("{opt}: want a number of seconds"))?;
                     o.remote.deadline = Duration::from_secs(s);
                 }
+                ("metadata_interval", Some(v)) => {
+                    o.metadata_interval = Duration::from_secs(seconds(opt, v)?)
+                }
+                ("lease_timeout", Some(v)) => {
+                    let s = seconds(opt, v)?;
+                    if s < 3 {
+                        bail!("{opt}: the lease timeout is at least 3 seconds");
+                    }
+                    o.lease.timeout = Duration::from_secs(s)
+                }
                 ("writeback", None) => bail!(
                     "-o writeback (durable commits before the upload) is not implemented yet: \
                      every fsync waits for its PUTs"
                 ),
-                ("cache_dir" | "cache_size" | "credentials" | "timeout" | "dirty_limit", _) => {
+                (
+                    "cache_dir" | "cache_size" | "credentials" | "timeout" | "dirty_limit"
+                    | "metadata_interval" | "lease_timeout",
+                    _,
+                ) => {
                     bail!("{opt}: wants a value")
                 }
                 _ => keep.push(opt),
@@ -71,6 +86,14 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
         }
     }
     Ok((rest, o))
+}
+
+/// A positive number of seconds.
+fn seconds(opt: &str, v: &str) -> Result<u64> {
+    v.parse()
+        .ok()
+        .filter(|&s: &u64| s > 0)
+        .ok_or_else(|| anyhow!("{opt}: want a number of seconds"))
 }
 
 /// The remote options alone (for commands without `-o`): the environment's variables.
@@ -87,6 +110,8 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions) -> Result<()
 
 pub fn open(url: &S3Url, o: &ObjectOptions, opts: &OpenOptions) -> Result<ObjectStoreHandle> {
     object::open(url, o, opts, Tuning::default()).map_err(|e| match e {
+        // One line naming the holder and what to do.
+        compfs_store::Error::LeaseHeld(m) => anyhow!("{m}"),
         compfs_store::Error::InUse(_) => anyhow!(
             "store {url} is in use on this machine (already mounted with cache directory {}?)",
             o.cache_dir_for(url).display()
@@ -138,6 +163,13 @@ mod tests {
             split_options(&[]).unwrap().1.dirty_limit,
             object::DEFAULT_DIRTY_LIMIT
         );
+        assert_eq!(o.metadata_interval, Duration::from_secs(60));
+        assert_eq!(o.lease.timeout, Duration::from_secs(60));
+        let (rest, o) =
+            split_options(&["metadata_interval=5,lease_timeout=9,noatime".into()]).unwrap();
+        assert_eq!(rest, vec!["noatime".to_string()]);
+        assert_eq!(o.metadata_interval, Duration::from_secs(5));
+        assert_eq!(o.lease.timeout, Duration::from_secs(9));
         for bad in [
             "cache_size=lots",
             "timeout=0",
@@ -145,6 +177,10 @@ mod tests {
             "writeback",
             "dirty_limit=4K",
             "dirty_limit",
+            "metadata_interval=0",
+            "metadata_interval",
+            "lease_timeout=2",
+            "lease_timeout=x",
         ] {
             assert!(split_options(&[bad.into()]).is_err(), "{bad}");
         }

@@ -184,7 +184,7 @@ pub fn gc(a: GcArgs) -> Result<ExitCode> {
     let r = if let Some(url) = super::s3::url_of(&a.store)? {
         let h = super::s3::open(&url, &super::s3::default_options(), &OpenOptions::default())?;
         let r = h.store.gc().map_err(|e| anyhow::anyhow!("{e}"))?;
-        h.store.close()?;
+        h.close()?;
         r
     } else {
         let s =

@@ -9,6 +9,7 @@
 pub mod blockcache;
 pub mod check;
 pub mod layout;
+pub mod lease;
 pub mod readahead;
 pub mod remote;
 pub mod retry;
@@ -18,6 +19,7 @@ pub mod snapshot;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub use check::{fsck_bucket, BucketReport};
 pub use remote::{Remote, RemoteConfig, RemoteCounts, S3Url};
@@ -35,8 +37,27 @@ use snapshot::{download, fetch_manifest, local_generation, MetaUploader};
 /// Called by every durable commit once redb committed, with redb's write lock held (so no
 /// other commit changes `meta.redb` meanwhile); a failure latches the store read-only.
 pub trait DurableHook: Send + Sync {
-    fn after_durable_commit(&self) -> io::Result<()>;
+    /// `periodic`: the flusher's commit (not an fsync, sync, unmount or GC); `changed`: since
+    /// when commits changed the metadata after the previous call, if they did.
+    fn after_durable_commit(&self, periodic: bool, changed: Option<Instant>) -> io::Result<()>;
+    /// Whether the flusher should commit now (a snapshot upload is due); `unseen`: since when
+    /// commits changed the metadata that no durable commit passed on yet.
+    fn upload_due(&self, _unseen: Option<Instant>) -> bool {
+        false
+    }
+    /// One line on the snapshot in the bucket (`compfs.remote`, `compfs sync --remote`).
+    fn status(&self) -> String {
+        String::new()
+    }
 }
+
+/// Default of `metadata_interval`: how long changes made durable by the flusher alone (no
+/// fsync) wait at most before their snapshot is uploaded.
+pub const DEFAULT_METADATA_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The flusher looks every 2 s (the default `Tuning::flush_interval`): an upload is made when
+/// it would be due before the next look, so that none comes later than `metadata_interval`.
+const FLUSH_TICK: Duration = Duration::from_secs(2);
 
 /// Default bound of the local segment data cache.
 pub const DEFAULT_CACHE_SIZE: u64 = 1 << 30;
@@ -57,6 +78,11 @@ pub struct ObjectOptions {
     /// Appended segment bytes not yet uploaded (held in memory) above which writes block
     /// until uploads catch up (`-o dirty_limit=`).
     pub dirty_limit: u64,
+    /// How a read-write open takes the store's lease (timeout, `--force`).
+    pub lease: lease::LeaseOptions,
+    /// Changes made durable by the flusher alone are uploaded at most this long after they
+    /// were first committed (an fsync, sync, unmount or GC uploads at once).
+    pub metadata_interval: Duration,
 }
 
 impl Default for ObjectOptions {
@@ -66,6 +92,8 @@ impl Default for ObjectOptions {
             cache_dir: None,
             cache_size: DEFAULT_CACHE_SIZE,
             dirty_limit: DEFAULT_DIRTY_LIMIT,
+            lease: lease::LeaseOptions::default(),
+            metadata_interval: DEFAULT_METADATA_INTERVAL,
         }
     }
 }
@@ -78,50 +106,149 @@ impl ObjectOptions {
     }
 }
 
-/// An open store in a bucket.
+/// An open store in a bucket. Dropping it closes the store, then releases the lease (fields
+/// drop in this order).
 pub struct ObjectStoreHandle {
     pub store: Store,
     pub cache_dir: PathBuf,
     pub backend: ObjectBackend,
+    /// The writer's lease (none for a read-only open): release it after the store closed.
+    pub lease: Option<lease::Lease>,
 }
 
 impl ObjectStoreHandle {
+    /// Closes the store (its last durable commit and snapshot upload), then releases the lease.
+    pub fn close(self) -> Result<()> {
+        let ObjectStoreHandle { store, lease, .. } = self;
+        let r = store.close();
+        if let Some(l) = lease {
+            if r.is_ok() {
+                l.release()?;
+            }
+            // A failed close keeps the lease until it expires: what the bucket holds is
+            // then the last durable state, and a takeover is a decision for --force.
+            else {
+                l.abandon();
+            }
+        }
+        r
+    }
+
+    /// Drops the handle as a crash of the process would: no final commit, no upload, the lease
+    /// left to expire (for tests of a lost writer).
+    pub fn abandon(self) {
+        let ObjectStoreHandle { store, lease, .. } = self;
+        if let Some(l) = lease {
+            l.abandon();
+        }
+        std::mem::forget(store);
+    }
+
     /// Requests and bytes sent to the bucket since the store was opened.
     pub fn counts(&self) -> RemoteCounts {
         self.backend.shared.remote.counts()
     }
 }
 
+impl MetaUploaderHook {
+    fn new(
+        remote: Arc<Remote>,
+        cache_dir: PathBuf,
+        last: Option<layout::Manifest>,
+        up: Option<MetaUploader>,
+        interval: Duration,
+    ) -> MetaUploaderHook {
+        MetaUploaderHook {
+            remote,
+            cache_dir,
+            last,
+            inner: Mutex::new(up.map(Arc::new)),
+            interval,
+            // Unknown at first (the local file may hold commits the bucket lacks): the first
+            // durable commit uploads.
+            pending: Mutex::new(Some(Instant::now())),
+        }
+    }
+
+    fn uploader(&self) -> io::Result<Arc<MetaUploader>> {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = &*g {
+            return Ok(u.clone());
+        }
+        let sb = read_superblock(&self.cache_dir).map_err(|e| io::Error::other(e.to_string()))?;
+        let u = Arc::new(MetaUploader::new(
+            self.remote.clone(),
+            &self.cache_dir,
+            sb.uuid,
+            self.last.as_ref(),
+        ));
+        *g = Some(u.clone());
+        Ok(u)
+    }
+}
+
 impl DurableHook for MetaUploaderHook {
-    fn after_durable_commit(&self) -> io::Result<()> {
-        let up = {
-            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            if g.is_none() {
-                let sb = read_superblock(&self.cache_dir)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                *g = Some(Arc::new(MetaUploader::new(
-                    self.remote.clone(),
-                    &self.cache_dir,
-                    sb.uuid,
-                    self.last.as_ref(),
-                )));
-            }
-            g.clone()
+    fn after_durable_commit(&self, periodic: bool, changed: Option<Instant>) -> io::Result<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        *pending = match (*pending, changed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
-        match up {
-            Some(u) => u.upload(),
-            None => Ok(()),
+        let Some(since) = *pending else {
+            // The bucket holds this state already.
+            return Ok(());
+        };
+        if periodic && since.elapsed() + FLUSH_TICK < self.interval {
+            return Ok(());
+        }
+        self.uploader()?.upload()?;
+        *pending = None;
+        Ok(())
+    }
+
+    fn upload_due(&self, unseen: Option<Instant>) -> bool {
+        let p = *self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.into_iter()
+            .chain(unseen)
+            .any(|t| t.elapsed() + FLUSH_TICK >= self.interval)
+    }
+
+    fn status(&self) -> String {
+        let gen = self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(0, |u| u.generation());
+        let pending = *self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        match pending {
+            None => format!(
+                "{}: metadata snapshot generation {gen} in the bucket, no changes pending",
+                self.remote.url
+            ),
+            Some(t) => format!(
+                "{}: metadata snapshot generation {gen} in the bucket, changes pending for {:.1} s \
+                 (uploaded within {} s)",
+                self.remote.url,
+                t.elapsed().as_secs_f64(),
+                self.interval.as_secs()
+            ),
         }
     }
 }
 
 /// The [`DurableHook`] of a store in a bucket: uploads the metadata snapshot (made once the
-/// superblock exists, which `Store::create` writes after the metadata).
+/// superblock exists, which `Store::create` writes after the metadata) at every durable commit
+/// asked for and, for those of the flusher, once `interval` passed since the first change the
+/// bucket lacks.
 struct MetaUploaderHook {
     remote: Arc<Remote>,
     cache_dir: PathBuf,
     last: Option<layout::Manifest>,
     inner: Mutex<Option<Arc<MetaUploader>>>,
+    interval: Duration,
+    /// Since when the bucket lacks committed changes.
+    pending: Mutex<Option<Instant>>,
 }
 
 fn not_store(url: &S3Url, reason: &str) -> Error {
@@ -154,6 +281,9 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
     if (has_sb || !ours.is_empty()) && !opts.force {
         return Err(Error::AlreadyExists(PathBuf::from(url.to_string())));
     }
+    // No mkfs under a running mount: the lease, released when this function returns.
+    let lease = lease::acquire(remote.clone(), &o.lease)?;
+    remote.set_gate(lease.gate());
     if has_sb {
         remote.delete(SUPERBLOCK_KEY)?;
     }
@@ -182,12 +312,13 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
             None,
             o.dirty_limit,
         )?;
-        let hook = MetaUploaderHook {
-            remote: remote.clone(),
-            cache_dir: scratch.clone(),
-            last: None,
-            inner: Mutex::new(None),
-        };
+        let hook = MetaUploaderHook::new(
+            remote.clone(),
+            scratch.clone(),
+            None,
+            None,
+            o.metadata_interval,
+        );
         let t = Tuning {
             backend: Arc::new(backend),
             after_durable: Some(Arc::new(hook)),
@@ -207,7 +338,9 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&scratch);
-    r
+    r?;
+    lease.release()?;
+    Ok(())
 }
 
 /// Opens the store in the bucket: fetches the superblock, and the latest metadata snapshot
@@ -223,6 +356,15 @@ pub fn open(
     let sb_bytes = remote
         .get(SUPERBLOCK_KEY)?
         .ok_or_else(|| not_store(url, "the bucket has no compfs superblock there"))?;
+    // One writer: the lease first, so that the snapshot fetched below is the latest one and
+    // no other mount writes after it.
+    let lease = if opts.read_only {
+        None
+    } else {
+        let l = lease::acquire(remote.clone(), &o.lease)?;
+        remote.set_gate(l.gate());
+        Some(l)
+    };
     let cache_dir = o.cache_dir_for(url);
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -262,17 +404,14 @@ pub fn open(
     let hook: Option<Arc<dyn DurableHook>> = if opts.read_only {
         None
     } else {
-        Some(Arc::new(MetaUploaderHook {
-            remote: remote.clone(),
-            cache_dir: cache_dir.clone(),
-            inner: Mutex::new(Some(Arc::new(MetaUploader::new(
-                remote.clone(),
-                &cache_dir,
-                sb.uuid,
-                Some(&m),
-            )))),
-            last: Some(m),
-        }))
+        let up = MetaUploader::new(remote.clone(), &cache_dir, sb.uuid, Some(&m));
+        Some(Arc::new(MetaUploaderHook::new(
+            remote.clone(),
+            cache_dir.clone(),
+            Some(m),
+            Some(up),
+            o.metadata_interval,
+        )))
     };
     let t = Tuning {
         backend: Arc::new(backend.clone()),
@@ -295,5 +434,6 @@ pub fn open(
         store,
         cache_dir,
         backend,
+        lease,
     })
 }

@@ -12,7 +12,10 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjPath;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{
+    ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    UpdateVersion,
+};
 
 use crate::error::{Error, Result};
 
@@ -136,6 +139,18 @@ pub struct Remote {
     pub stats: RemoteStats,
     /// How long a failing request is retried ([`RemoteConfig::deadline`]).
     deadline: Duration,
+    /// The writer's lease (set once a read-write open took it): every PUT and DELETE but
+    /// those of the lease object itself fails once the lease is lost or its renewal is late.
+    gate: std::sync::OnceLock<Arc<super::lease::Gate>>,
+}
+
+/// The outcome of a conditional PUT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CondPut {
+    /// Written; the object's new version (e-tag).
+    Done(UpdateVersion),
+    /// The condition failed: the object exists (create) or changed (update).
+    Conflict,
 }
 
 /// Reads a credentials file after checking that only its owner (us) can read it.
@@ -235,7 +250,78 @@ impl Remote {
             rt,
             stats: RemoteStats::default(),
             deadline: cfg.deadline,
+            gate: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes every later PUT and DELETE (except [`Remote::put_cond`]) check `gate` first.
+    pub fn set_gate(&self, gate: Arc<super::lease::Gate>) {
+        let _ = self.gate.set(gate);
+    }
+
+    fn check_gate(&self) -> io::Result<()> {
+        match self.gate.get() {
+            Some(g) => g.check(),
+            None => Ok(()),
+        }
+    }
+
+    /// GETs a whole object with its version; `None` when there is none.
+    pub fn get_versioned(&self, name: &str) -> io::Result<Option<(Vec<u8>, UpdateVersion)>> {
+        let p = self.path(name);
+        let r = self.rt.block_on(async {
+            let r = self.store.get(&p).await?;
+            let v = UpdateVersion {
+                e_tag: r.meta.e_tag.clone(),
+                version: r.meta.version.clone(),
+            };
+            Ok::<_, object_store::Error>((r.bytes().await?, v))
+        });
+        self.stats.gets.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok((b, v)) => {
+                self.stats
+                    .get_bytes
+                    .fetch_add(b.len() as u64, Ordering::Relaxed);
+                Ok(Some((b.to_vec(), v)))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(io_err(e)),
+        }
+    }
+
+    /// A conditional PUT (`If-None-Match: *` when `over` is `None`, else `If-Match` on its
+    /// e-tag). Not subject to the gate: the lease itself is written this way.
+    pub fn put_cond(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        over: Option<UpdateVersion>,
+    ) -> io::Result<CondPut> {
+        let n = data.len() as u64;
+        let p = self.path(name);
+        let mode = match over {
+            None => PutMode::Create,
+            Some(v) => PutMode::Update(v),
+        };
+        let r = self.rt.block_on(self.store.put_opts(
+            &p,
+            PutPayload::from(data),
+            PutOptions::from(mode),
+        ));
+        self.stats.puts.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(r) => {
+                self.stats.put_bytes.fetch_add(n, Ordering::Relaxed);
+                Ok(CondPut::Done(UpdateVersion {
+                    e_tag: r.e_tag,
+                    version: r.version,
+                }))
+            }
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(CondPut::Conflict),
+            Err(e) => Err(io_err(e)),
+        }
     }
 
     fn path(&self, name: &str) -> ObjPath {
@@ -257,6 +343,7 @@ impl Remote {
 
     /// PUTs object `name` (below the prefix): returns once the PUT completed.
     pub fn put(&self, name: &str, data: Vec<u8>) -> io::Result<()> {
+        self.check_gate()?;
         let n = data.len() as u64;
         let p = self.path(name);
         self.rt
@@ -354,6 +441,7 @@ impl Remote {
 
     /// Deletes an object (no error when it is already gone).
     pub fn delete(&self, name: &str) -> io::Result<()> {
+        self.check_gate()?;
         let p = self.path(name);
         match self.rt.block_on(self.store.delete(&p)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {

@@ -115,6 +115,11 @@ impl MetaUploader {
         }
     }
 
+    /// The generation of the snapshot in the bucket.
+    pub fn generation(&self) -> u64 {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+
     /// Deletes pieces no manifest references (left by an upload cut short).
     pub fn delete_stray_pieces(&self) -> io::Result<()> {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
