@@ -115,6 +115,7 @@ fn faults_between_store_and_bucket_are_retried_and_lose_nothing_acknowledged() {
     std::mem::forget(h);
     drop(proxy);
     let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    expire_lost_writer(&url, &o2);
     let h2 = open_s3(&url, &o2);
     for (name, data) in &acked {
         let a = h2.store.lookup(ROOT_INO, name.as_bytes()).unwrap();
@@ -249,6 +250,7 @@ fn an_unreachable_bucket_blocks_writes_on_the_dirty_limit_then_fails_with_eio() 
     drop(proxy);
     for (i, (url, _, before)) in stores.iter().enumerate() {
         let o2 = srv.options(&t.path().join(format!("r{i}")), 0, Duration::from_secs(20));
+        expire_lost_writer(url, &o2);
         let h2 = open_s3(url, &o2);
         let a = h2.store.lookup(ROOT_INO, b"before").unwrap();
         assert!(read_all(&h2.store, a.ino).unwrap() == *before);

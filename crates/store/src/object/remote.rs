@@ -357,9 +357,12 @@ impl Remote {
     /// GETs a whole object; `None` when there is none.
     pub fn get(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         let p = self.path(name);
-        let r = self.rt.block_on(async {
-            let r = self.store.get(&p).await?;
-            r.bytes().await
+        // An answer cut off while its body is read is not retried by the client: here.
+        let r = super::retry::retry_until(self.deadline, || {
+            self.rt.block_on(async {
+                let r = self.store.get(&p).await?;
+                r.bytes().await
+            })
         });
         self.stats.gets.fetch_add(1, Ordering::Relaxed);
         match r {
@@ -377,7 +380,9 @@ impl Remote {
     /// GETs bytes `range` of an object (a ranged GET); fails unless all of them came.
     pub fn get_range(&self, name: &str, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
         let p = self.path(name);
-        let r = self.rt.block_on(self.store.get_range(&p, range.clone()));
+        let r = super::retry::retry_until(self.deadline, || {
+            self.rt.block_on(self.store.get_range(&p, range.clone()))
+        });
         self.ranged_result(name, range, r)
     }
 
@@ -392,7 +397,11 @@ impl Remote {
         let out = self.rt.block_on(futures::future::join_all(futs));
         out.into_iter()
             .zip(reqs)
-            .map(|(r, (n, range))| self.ranged_result(n, range.clone(), r))
+            .map(|(r, (n, range))| match r {
+                // Cut off while its body was read: again, alone, with the retries of one.
+                Err(e) if super::retry::retryable(&e) => self.get_range(n, range.clone()),
+                r => self.ranged_result(n, range.clone(), r),
+            })
             .collect()
     }
 

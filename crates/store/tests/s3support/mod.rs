@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use compfs_store::object::{ObjectOptions, RemoteConfig};
+use compfs_store::object::lease::LEASE_KEY;
+use compfs_store::object::{ObjectOptions, Remote, RemoteConfig, S3Url};
 
 pub use proxy::{FaultProxy, Faults, Retry};
 
@@ -138,4 +139,13 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A writer lost without unmounting (its handle leaked, its proxy gone) still holds the store's
+/// lease until it expires; another machine would wait for that and mount with `--force`. Tests
+/// do not wait out a lease timeout: this removes the lost writer's lease object, which is what
+/// its expiry amounts to for the next mount.
+pub fn expire_lost_writer(url: &S3Url, o: &ObjectOptions) {
+    let r = Remote::connect(url, &o.remote).unwrap();
+    r.delete(LEASE_KEY).unwrap();
 }

@@ -251,8 +251,16 @@ fn note_fault(st: &State, what: &str, fault: &'static str) {
 fn note_request(st: &State, what: &str) {
     let now = Instant::now();
     let mut r = st.retries.lock().unwrap();
+    // The client resumes a GET whose answer was cut by asking for the rest of it: the same
+    // method and target with another range.
+    let target = |w: &str| {
+        w.rsplit_once(' ')
+            .map_or(String::new(), |x| x.0.to_string())
+    };
     for x in r.iter_mut().rev() {
-        if x.what == what && x.retried_at.is_none() {
+        let resumed =
+            x.fault == "answer cut" && what.starts_with("GET ") && target(&x.what) == target(what);
+        if (x.what == what || resumed) && x.retried_at.is_none() {
             x.retried_at = Some(now);
             break;
         }
