@@ -6,107 +6,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod s3support;
 use common::*;
+use s3support::Server;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, RemoteConfig, S3Url};
+use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, S3Url};
 use compfs_store::*;
-
-/// A local S3 server for the length of a test.
-struct Server {
-    dir: tempfile::TempDir,
-    settings: Vec<(String, String)>,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/s3-local.sh")
-}
-
-impl Server {
-    fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Server {
-            dir,
-            settings: Vec::new(),
-        };
-        s.restart()
-    }
-
-    /// (Re)starts the server on the same data (on a new port).
-    fn restart(mut self) -> Server {
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(self.dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/s3-local.sh start failed (run `scripts/s3-local.sh install`): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.settings = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.strip_prefix("export "))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        assert!(self.settings.iter().any(|(k, _)| k == "AWS_ENDPOINT_URL"));
-        self
-    }
-
-    fn stop(&self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(self.dir.path())
-            .status();
-    }
-
-    fn options(&self, cache: &Path, cache_size: u64, deadline: Duration) -> ObjectOptions {
-        ObjectOptions {
-            remote: RemoteConfig {
-                credentials: None,
-                deadline,
-                settings: self.settings.clone(),
-            },
-            cache_dir: Some(cache.to_path_buf()),
-            cache_size,
-            ..ObjectOptions::default()
-        }
-    }
-
-    /// Objects under `prefix` in the bucket (its files in the server's directory).
-    fn objects(&self, prefix: &str) -> Vec<PathBuf> {
-        let root = self.dir.path().join("data/compfs").join(prefix);
-        let mut out = Vec::new();
-        let mut todo = vec![root];
-        while let Some(d) = todo.pop() {
-            let Ok(rd) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for e in rd {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    todo.push(p);
-                } else {
-                    out.push(p);
-                }
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 fn mkfs(url: &S3Url, o: &ObjectOptions) {
     let opts = CreateOptions {
