@@ -6,110 +6,30 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod s3support;
 use common::*;
+use s3support::Server;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use compfs_store::object::lease::{LeaseOptions, LeaseRecord, LeaseState, LEASE_KEY};
-use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, RemoteConfig, S3Url};
+use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, S3Url};
 use compfs_store::*;
 
-/// A local S3 server for the length of a test.
-struct Server {
-    dir: tempfile::TempDir,
-    settings: Vec<(String, String)>,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/s3-local.sh")
-}
-
-impl Server {
-    fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Server {
-            dir,
-            settings: Vec::new(),
-        };
-        s.restart()
-    }
-
-    /// (Re)starts the server on the same data (on a new port).
-    fn restart(mut self) -> Server {
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(self.dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/s3-local.sh start failed (run `scripts/s3-local.sh install`): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.settings = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.strip_prefix("export "))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        assert!(self.settings.iter().any(|(k, _)| k == "AWS_ENDPOINT_URL"));
-        self
-    }
-
-    fn stop(&self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(self.dir.path())
-            .status();
-    }
-
-    fn options(&self, cache: &Path, cache_size: u64, deadline: Duration) -> ObjectOptions {
-        ObjectOptions {
-            remote: RemoteConfig {
-                credentials: None,
-                deadline,
-                settings: self.settings.clone(),
-            },
-            cache_dir: Some(cache.to_path_buf()),
-            cache_size,
-            lease: LeaseOptions {
-                timeout: LEASE,
-                force: false,
-            },
-            ..ObjectOptions::default()
-        }
-    }
-
-    /// Objects under `prefix` in the bucket (its files in the server's directory).
-    fn objects(&self, prefix: &str) -> Vec<PathBuf> {
-        let root = self.dir.path().join("data/compfs").join(prefix);
-        let mut out = Vec::new();
-        let mut todo = vec![root];
-        while let Some(d) = todo.pop() {
-            let Ok(rd) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for e in rd {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    todo.push(p);
-                } else {
-                    out.push(p);
-                }
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
+/// The shared server's options with this file's short lease ([`LEASE`]), so tests of a lost
+/// writer wait out its lease in seconds.
+fn options(
+    srv: &Server,
+    cache: &std::path::Path,
+    cache_size: u64,
+    deadline: Duration,
+) -> ObjectOptions {
+    ObjectOptions {
+        lease: LeaseOptions {
+            timeout: LEASE,
+            force: false,
+        },
+        ..srv.options(cache, cache_size, deadline)
     }
 }
 
@@ -159,7 +79,12 @@ fn acknowledged_data_survives_the_loss_of_the_writer() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/durable/store").unwrap();
-    let o1 = srv.options(&t.path().join("c1"), 64 << 20, Duration::from_secs(20));
+    let o1 = options(
+        &srv,
+        &t.path().join("c1"),
+        64 << 20,
+        Duration::from_secs(20),
+    );
     mkfs(&url, &o1);
     // A second mkfs of the same prefix is refused.
     let again = object::create(&url, &o1, &CreateOptions::default(), tuning());
@@ -193,7 +118,12 @@ fn acknowledged_data_survives_the_loss_of_the_writer() {
     assert!(srv.objects("durable/store/meta").len() >= 2);
     // The writer is lost without closing (no final commit, no upload at unmount).
     lose_writer(h);
-    let o2 = srv.options(&t.path().join("c2"), 64 << 20, Duration::from_secs(20));
+    let o2 = options(
+        &srv,
+        &t.path().join("c2"),
+        64 << 20,
+        Duration::from_secs(20),
+    );
     let h2 = open_force(&url, &o2);
     for (name, data) in &files {
         let a = h2.store.lookup(ROOT_INO, name.as_bytes()).unwrap();
@@ -211,7 +141,7 @@ fn acknowledged_data_survives_the_loss_of_the_writer() {
     new_file(&h2.store, "more", &more);
     h2.store.unlink(ROOT_INO, b"f1").unwrap();
     h2.close().unwrap();
-    let o3 = srv.options(&t.path().join("c3"), 0, Duration::from_secs(20));
+    let o3 = options(&srv, &t.path().join("c3"), 0, Duration::from_secs(20));
     let h3 = open_s3(&url, &o3);
     let a = h3.store.lookup(ROOT_INO, b"more").unwrap();
     assert!(read_all(&h3.store, a.ino).unwrap() == more);
@@ -234,7 +164,7 @@ fn a_server_that_disappears_fails_the_sync_with_eio_and_loses_nothing_acknowledg
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/faults").unwrap();
-    let o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(3));
+    let o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(3));
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let before = pattern(400_000, 1);
@@ -249,7 +179,7 @@ fn a_server_that_disappears_fails_the_sync_with_eio_and_loses_nothing_acknowledg
     assert!(matches!(e, Error::ReadOnly(_)), "{e}");
     lose_writer(h);
     let srv = srv.restart();
-    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let o2 = options(&srv, &t.path().join("c2"), 8 << 20, Duration::from_secs(20));
     let h2 = open_force(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"before").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == before);
@@ -262,14 +192,14 @@ fn the_data_cache_stays_within_its_bound() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/cache").unwrap();
-    let o = srv.options(&t.path().join("w"), 0, Duration::from_secs(20));
+    let o = options(&srv, &t.path().join("w"), 0, Duration::from_secs(20));
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let data = random(8 << 20, 3);
     new_file(&h.store, "big", &data);
     h.close().unwrap();
     let bound = 3u64 << 20;
-    let o2 = srv.options(&t.path().join("r"), bound, Duration::from_secs(20));
+    let o2 = options(&srv, &t.path().join("r"), bound, Duration::from_secs(20));
     let h2 = open_s3(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"big").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == data);
@@ -297,7 +227,7 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/gc").unwrap();
-    let o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let keep = random(600_000, 4);
@@ -311,7 +241,7 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
     assert!(r.segments_freed > 0, "{r:?}");
     assert!(h.counts().deletes > 0);
     lose_writer(h);
-    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let o2 = options(&srv, &t.path().join("c2"), 8 << 20, Duration::from_secs(20));
     let h2 = open_force(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"keep").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == keep);
@@ -328,13 +258,13 @@ fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/ahead").unwrap();
-    let o = srv.options(&t.path().join("w"), 0, Duration::from_secs(20));
+    let o = options(&srv, &t.path().join("w"), 0, Duration::from_secs(20));
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let data = random(12 << 20, 5);
     new_file(&h.store, "big", &data);
     h.close().unwrap();
-    let o2 = srv.options(&t.path().join("r"), 1 << 30, Duration::from_secs(20));
+    let o2 = options(&srv, &t.path().join("r"), 1 << 30, Duration::from_secs(20));
     let h2 = open_s3(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"big").unwrap();
     let gets0 = h2.counts().gets;
@@ -413,14 +343,14 @@ fn a_second_writer_is_refused_while_the_lease_is_renewed_then_released() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/lease/one").unwrap();
-    let o1 = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let o1 = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
     mkfs(&url, &o1);
     assert_eq!(lease_of(&url, &o1).state, LeaseState::Released);
     let h = open_s3(&url, &o1);
     let r0 = lease_of(&url, &o1);
     assert_eq!(r0.state, LeaseState::Held);
     assert_eq!(r0.pid, std::process::id());
-    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let o2 = options(&srv, &t.path().join("c2"), 8 << 20, Duration::from_secs(20));
     let e = open_err(&url, &o2);
     assert!(
         e.contains(&r0.host) && e.contains("unmount it there first"),
@@ -466,7 +396,7 @@ fn force_takes_over_only_an_expired_lease() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/lease/force").unwrap();
-    let o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
     let mut forced = o.clone();
     forced.lease.force = true;
     mkfs(&url, &o);
@@ -508,7 +438,7 @@ fn a_mount_whose_lease_was_taken_over_latches_read_only() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/lease/lost").unwrap();
-    let o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let ino = new_file(&h.store, "a", b"before");
@@ -542,7 +472,7 @@ fn unsynced_changes_reach_the_bucket_within_metadata_interval() {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/interval").unwrap();
-    let mut o = srv.options(&t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let mut o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
     let interval = Duration::from_secs(6);
     o.metadata_interval = interval;
     mkfs(&url, &o);
@@ -587,7 +517,7 @@ fn unsynced_changes_reach_the_bucket_within_metadata_interval() {
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(gen(), g2, "an idle mount uploaded a snapshot");
     lose_writer(h);
-    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let o2 = options(&srv, &t.path().join("c2"), 8 << 20, Duration::from_secs(20));
     let h2 = open_force(&url, &o2);
     let a = h2.store.lookup(ROOT_INO, b"unsynced").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == data);

@@ -1,7 +1,7 @@
 //! A local S3 server for the length of a test (s3s-fs, started by `scripts/s3-local.sh` on a
 //! free port, stopped when the test ends, passing or not), and a fault proxy to put between a
 //! store and it.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod proxy;
 
