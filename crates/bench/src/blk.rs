@@ -119,6 +119,13 @@ pub struct PolicyRow {
     pub phase: u32,
     pub iops_policy: f64,
     pub iops_plain: f64,
+    /// IOPS of each half-phase run, in the order they ran (with, without, with, without): the
+    /// first run with the policy is where the working set's pages are first touched after the
+    /// move (promoted back from zstd:9 or read from the backing file).
+    pub runs_policy: Vec<f64>,
+    pub runs_plain: Vec<f64>,
+    /// Pages promoted back to the primary codec during the phase.
+    pub promoted: u64,
     pub mem_used_policy: u64,
     pub mem_used_plain: u64,
     pub rss_policy: u64,
@@ -164,6 +171,7 @@ fn policy_run(
     let without = compfs_start(input, dir, codec, size, &extra(false))?;
     let quarter = (size / 4) & !0xfff;
     let mut rows = Vec::new();
+    let mut promoted_before = 0;
     for phase in 0..4u32 {
         let target = |uri: &str| {
             vec![
@@ -198,10 +206,14 @@ fn policy_run(
             .find_map(|l| l.strip_prefix("policy "))
             .unwrap_or("")
             .to_string();
+        let promoted_now = promoted_of(&policy_line);
         let row = PolicyRow {
             phase,
             iops_policy: ip.iter().sum::<f64>() / ip.len() as f64,
             iops_plain: iq.iter().sum::<f64>() / iq.len() as f64,
+            runs_policy: ip.clone(),
+            runs_plain: iq.clone(),
+            promoted: promoted_now.saturating_sub(promoted_before),
             mem_used_policy: sp.mem_used_total,
             mem_used_plain: sq.mem_used_total,
             rss_policy: rss(with.pid)?,
@@ -210,9 +222,20 @@ fn policy_run(
             policy_line,
         };
         eprintln!("  policy phase {phase}: {row:?}");
+        promoted_before = promoted_now;
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// The `promoted N` count of a `policy` stat line (0 if absent).
+fn promoted_of(line: &str) -> u64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|w| w[0] == "promoted")
+        .and_then(|w| w[1].parse().ok())
+        .unwrap_or(0)
 }
 
 /// A started, filled compfs server for the policy run.
@@ -621,6 +644,12 @@ fn zram_run(
     Ok(r)
 }
 
+/// IOPS runs as "12.3k 11.0k".
+fn runs(r: &[f64]) -> String {
+    let v: Vec<String> = r.iter().map(|x| format!("{:.1}k", x / 1000.0)).collect();
+    v.join(" ")
+}
+
 fn human_mb(b: u64) -> String {
     format!("{:.1}", b as f64 / 1048576.0)
 }
@@ -729,11 +758,11 @@ fn print_policy(rep: &Report) {
         return;
     }
     println!(
-        "\n| phase (working set) | IOPS with --policy | IOPS without | ratio | mem_used MiB with | without | RSS MiB with | without | written back | policy |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "\n| phase (working set) | IOPS with --policy | IOPS without | ratio | runs with / without | promoted | mem_used MiB with | without | RSS MiB with | without | written back | policy |\n|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"
     );
     for r in &rep.policy {
         println!(
-            "| {} (quarter {}) | {:.0} | {:.0} | {:.2}x | {} | {} | {} | {} | {} | {} |",
+            "| {} (quarter {}) | {:.0} | {:.0} | {:.2}x | {} / {} | {} | {} | {} | {} | {} | {} | {} |",
             r.phase,
             r.phase + 1,
             r.iops_policy,
@@ -743,6 +772,9 @@ fn print_policy(rep: &Report) {
             } else {
                 0.0
             },
+            runs(&r.runs_policy),
+            runs(&r.runs_plain),
+            r.promoted,
             human_mb(r.mem_used_policy),
             human_mb(r.mem_used_plain),
             human_mb(r.rss_policy),

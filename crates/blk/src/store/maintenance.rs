@@ -159,6 +159,16 @@ impl PageStore {
                         }
                         continue;
                     };
+                    if kind == PageKind::Idle && t[idx].flags().is_some_and(|f| f & FLAG_IDLE == 0)
+                    {
+                        // Read while the secondary codec ran (a read clears the idle mark but
+                        // keeps the entry): the page is in use again, so it stays on its
+                        // codec. Without this, a policy step at idle priority on a busy
+                        // machine, which can take longer than a working-set move, demoted the
+                        // new working set's pages after their first read, and every next read
+                        // paid a zstd:9 decode and a promotion.
+                        continue;
+                    }
                     let obj = match self.pool.alloc(&out[..n]) {
                         Ok(o) => o,
                         // Out of memory for the new copy: leave the page as it is.
