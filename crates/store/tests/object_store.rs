@@ -420,7 +420,7 @@ fn force_takes_over_only_an_expired_lease() {
     assert!(e.contains("damaged"), "{e}");
     open_s3(&url, &forced).close().unwrap();
     // A process of this machine that died holding the lease (kill -9).
-    let mut child = Command::new("true").spawn().unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
     put_foreign_lease(&url, &o, 60_000, object::lease::boot_id(), dead);
