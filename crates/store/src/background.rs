@@ -54,6 +54,7 @@ fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Durati
             tracing::error!("compfs background flush failed: {e}");
             continue;
         }
+        inner.dict_maintain();
         inner.trim_bufs();
         let due = lock(&inner.last_durable).elapsed() >= Duration::from_secs(5);
         if due {
@@ -145,6 +146,7 @@ impl Threads {
     /// Stops the threads: each finishes what it is doing and exits once its queue closes.
     pub(crate) fn stop(&mut self, inner: &Inner) {
         inner.bg.stop.store(true, Ordering::SeqCst);
+        inner.dicts.join_training();
         if let Some((tx, h)) = self.recompress.take() {
             drop(tx);
             let _ = h.join();

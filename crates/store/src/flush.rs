@@ -94,6 +94,7 @@ impl Inner {
         let policy = self.file_policy(ino)?;
         let inline_ok = d.size <= self.sb.inline_max as u64;
         let ids = d.live_blocks(e);
+        let dx = self.dict_ctx(&policy);
         let mut jobs: Vec<EncodeJob> = Vec::with_capacity(ids.len());
         let mut mine = Vec::with_capacity(ids.len());
         for b in ids {
@@ -105,8 +106,9 @@ impl Inner {
             mine.push((b, a.clone()));
             let len = span::block_len_in_file(d.size, b, e);
             let inline = inline_ok && b == 0;
+            let dx = dx.clone();
             jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
-                (encode_block(enc, &policy, b, &a[..len], inline), a)
+                (encode_block(enc, &policy, b, &a[..len], inline, &dx), a)
             }));
         }
         let (rx, n) = self.submit_grouped(jobs);
@@ -311,6 +313,7 @@ impl Inner {
                     stored,
                     reason,
                     crc,
+                    dict,
                 } => {
                     let stored: &[u8] = match stored {
                         Some(v) => v,
@@ -340,6 +343,7 @@ impl Inner {
                         ino,
                         file_offset: en.block * e + en.off as u64,
                         crc: *crc,
+                        dict: *dict,
                     };
                     placed.push((i, id, at, h));
                     heads.push(h.encode());
@@ -463,6 +467,7 @@ impl Inner {
                             crc: h.crc,
                             refs: 0,
                             ino,
+                            dict: h.dict,
                         };
                         disk += w.add_mapped_extent(
                             id,

@@ -150,6 +150,7 @@ pub fn fsck(dir: &Path, repair: bool, progress: &mut dyn FnMut(u64, u64)) -> Res
     Ok(rep)
 }
 
+mod dicts;
 mod passes;
 mod repair;
 

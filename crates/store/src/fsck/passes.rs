@@ -5,9 +5,11 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadTransaction, ReadableTable};
 
+use super::dicts::dict_of;
 use super::{Ctx, Fixes, ProblemKind};
 use crate::error::Result;
 use crate::meta;
+use crate::read::DictRef;
 use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
     MapRec, PreallocRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR,
@@ -30,6 +32,8 @@ pub(super) struct Loaded {
     pub(super) stats: BTreeMap<u8, StatRec>,
     /// Segment files on disk: id and length.
     pub(super) files: BTreeMap<u64, u64>,
+    /// The dictionaries, checked and digested (or why they cannot be used).
+    pub(super) dicts: super::dicts::Dicts,
 }
 
 /// Who references each extent, found by the extent-map pass.
@@ -157,6 +161,7 @@ pub(super) fn load(
             stats.insert(k.value(), s);
         }
     }
+    let dicts = super::dicts::load_dicts(txn, c)?;
 
     let seg_dir = dir.join(SEGMENT_DIR);
     let mut files: BTreeMap<u64, u64> = BTreeMap::new();
@@ -167,6 +172,7 @@ pub(super) fn load(
         }
     }
     Ok(Loaded {
+        dicts,
         seg_dir,
         inodes,
         dirents,
@@ -527,7 +533,7 @@ pub(super) fn check_extents(
                     Err(e) => return Err(e),
                 },
             };
-            verify_stored(f, id, x)
+            verify_stored(f, id, x, dict_of(l, x.dict))
         })()?;
         pr.advance(x.footprint());
         if let Err(why) = check {
@@ -574,10 +580,11 @@ pub(super) fn verify_stored(
     f: &std::fs::File,
     id: u64,
     x: &ExtentRec,
+    dict: DictRef<'_>,
 ) -> std::io::Result<std::result::Result<(), String>> {
     let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
     match std::os::unix::fs::FileExt::read_exact_at(f, &mut raw, x.seg_offset) {
-        Ok(()) => Ok(crate::read::verify_extent(id, x, &raw).map(|_| ())),
+        Ok(()) => Ok(crate::read::verify_extent(id, x, &raw, dict).map(|_| ())),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Ok(Err(format!("read failed: {e}")))
         }
@@ -608,7 +615,7 @@ pub(super) fn check_accounting(
                 s.disk += i.bytes.len() as u64;
                 s.uncompressed += i.raw_len as u64;
                 s.referenced += i.raw_len as u64;
-                if let Err(e) = crate::read::decode_inline(ino, i) {
+                if let Err(e) = crate::read::decode_inline(ino, i, dict_of(l, i.dict)) {
                     c.add(
                         ProblemKind::CorruptExtent,
                         Some(ino),
@@ -846,16 +853,17 @@ mod tests {
             crc: 0,
             refs: 1,
             ino: 2,
+            dict: 0,
         };
         let t = tempfile::tempdir().unwrap();
         // Reading a directory fails with EISDIR: a stand-in for a failing device.
         let dir = std::fs::File::open(t.path()).unwrap();
-        let e = verify_stored(&dir, 1, &x).unwrap_err();
+        let e = verify_stored(&dir, 1, &x, Ok(None)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
         let short = t.path().join("short");
         std::fs::write(&short, [0u8; 70]).unwrap();
         let f = std::fs::File::open(&short).unwrap();
-        let why = verify_stored(&f, 1, &x).unwrap().unwrap_err();
+        let why = verify_stored(&f, 1, &x, Ok(None)).unwrap().unwrap_err();
         assert!(why.starts_with("read failed"), "{why}");
     }
 }
