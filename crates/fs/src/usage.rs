@@ -478,7 +478,7 @@ zstd:15     17%      4.0M          24M          24M       \n",
         let out = r.render(true);
         assert_eq!(
             out.lines().last().unwrap(),
-            "dict        25%      500         2000         2000        "
+            "dict        25%     500          2000         2000        "
         );
         assert_eq!(UsageReport::from_record(&r.to_record()).unwrap(), r);
         let mut m = r.clone();
