@@ -65,6 +65,7 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
         cache_bytes: o.cache_bytes,
         min_saving: o.min_saving,
         background: o.background,
+        dict: o.dict,
         ..OpenOptions::default()
     };
     if let Some(n) = o.workers {

@@ -67,6 +67,9 @@ pub struct MountOptions {
     /// `background_compression=ALG[:LEVEL]` (bcachefs's name; `none` turns it off) and
     /// `background_delay=SECS` (default 60): background recompression of cold files.
     pub background: compfs_store::BackgroundPolicy,
+    /// `dict=on` (default) / `dict=off`: store-trained zstd dictionaries for small extents and
+    /// inline data (see docs/format.md, "Dictionaries").
+    pub dict: bool,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
 }
@@ -104,6 +107,7 @@ impl Default for MountOptions {
             acl: true,
             min_saving: compfs_store::DEFAULT_MIN_SAVING,
             background: compfs_store::BackgroundPolicy::default(),
+            dict: true,
             warnings: Vec::new(),
         }
     }
@@ -168,7 +172,7 @@ pub const VALID_OPTIONS: &str =
 background_compression=ALG[:LEVEL], background_delay=SECS, \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
 nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl, \
-worth_it=bytes, worth_it=sector";
+worth_it=bytes, worth_it=sector, dict=on, dict=off";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -286,6 +290,14 @@ impl MountOptions {
                     expected: "worth_it=bytes or worth_it=sector",
                 })
             }
+            ("dict", Some("on")) => self.dict = true,
+            ("dict", Some("off")) => self.dict = false,
+            ("dict", _) => {
+                return Err(OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: "dict=on or dict=off",
+                })
+            }
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
             // As ext4: the kernel gets SB_LAZYTIME (see docs/kernel-features.md).
@@ -360,6 +372,9 @@ impl MountOptions {
         if let MinSaving::Sectors(_) = self.min_saving {
             parts.push("worth_it=sector".into());
         }
+        if !self.dict {
+            parts.push("dict=off".into());
+        }
         parts.join(",")
     }
 }
@@ -433,7 +448,16 @@ mod tests {
             parse("worth_it=sector,worth_it=bytes").unwrap().min_saving,
             MinSaving::Bytes(1)
         );
-        for bad in ["worth_it", "worth_it=4k", "worth_it=Sector"] {
+        assert!(parse("").unwrap().dict);
+        assert!(!parse("dict=off").unwrap().dict);
+        assert!(parse("dict=off,dict=on").unwrap().dict);
+        for bad in [
+            "worth_it",
+            "worth_it=4k",
+            "worth_it=Sector",
+            "dict",
+            "dict=no",
+        ] {
             assert!(
                 matches!(parse(bad), Err(OptionError::BadValue { .. })),
                 "{bad}"

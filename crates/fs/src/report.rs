@@ -65,6 +65,11 @@ pub fn report_from_usage(u: &Usage) -> UsageReport {
             uncompressed: u.inline_bytes.uncompressed,
             referenced: u.inline_bytes.referenced,
         },
+        dict_bytes: Figures {
+            disk: u.dict_bytes.disk,
+            uncompressed: u.dict_bytes.uncompressed,
+            referenced: u.dict_bytes.referenced,
+        },
         per_codec: u
             .per_codec
             .iter()

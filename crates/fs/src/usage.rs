@@ -39,6 +39,9 @@ pub struct UsageReport {
     /// Bytes of the inline data (inside the metadata; also counted in their codec's row),
     /// printed as their own `inline` row after the codec rows.
     pub inline_bytes: Figures,
+    /// Bytes of extents and inline data compressed with a store-trained dictionary (also
+    /// counted in their codec's row), printed as their own `dict` row after `inline`.
+    pub dict_bytes: Figures,
     /// Per codec name (`none`, `zlib`, `lzo`, `zstd`, `lz4`).
     pub per_codec: BTreeMap<String, Figures>,
     /// Per codec and level as recorded per extent (`zstd:1`, `zlib:9`; codecs without levels
@@ -70,6 +73,7 @@ impl UsageReport {
         self.refs += o.refs;
         self.inline += o.inline;
         self.inline_bytes.add(&o.inline_bytes);
+        self.dict_bytes.add(&o.dict_bytes);
         for (k, f) in &o.per_codec {
             self.per_codec.entry(k.clone()).or_default().add(f);
         }
@@ -151,6 +155,9 @@ impl UsageReport {
         if self.inline_bytes != Figures::default() {
             row(&mut out, "inline", &self.inline_bytes);
         }
+        if self.dict_bytes != Figures::default() {
+            row(&mut out, "dict", &self.dict_bytes);
+        }
         out
     }
 
@@ -182,6 +189,14 @@ impl UsageReport {
                 f.disk, f.uncompressed, f.referenced
             );
         }
+        let f = &self.dict_bytes;
+        if *f != Figures::default() {
+            let _ = writeln!(
+                s,
+                "dict-bytes {} {} {}",
+                f.disk, f.uncompressed, f.referenced
+            );
+        }
         s.into_bytes()
     }
 
@@ -207,6 +222,13 @@ impl UsageReport {
                 ["inline", n] => (r.inline, seen[3]) = (num(n)?, true),
                 ["inline-bytes", d, u, rf] => {
                     r.inline_bytes = Figures {
+                        disk: num(d)?,
+                        uncompressed: num(u)?,
+                        referenced: num(rf)?,
+                    }
+                }
+                ["dict-bytes", d, u, rf] => {
+                    r.dict_bytes = Figures {
                         disk: num(d)?,
                         uncompressed: num(u)?,
                         referenced: num(rf)?,
@@ -291,6 +313,7 @@ mod tests {
             refs: 525,
             inline: 0,
             inline_bytes: Figures::default(),
+            dict_bytes: Figures::default(),
             per_codec: BTreeMap::new(),
             per_level: BTreeMap::new(),
         };
@@ -442,6 +465,26 @@ zstd:15     17%      4.0M          24M          24M       \n",
             .unwrap()
             .replace("inline-bytes 1000", "inline-bytes x");
         assert!(UsageReport::from_record(bad.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn dict_bytes_have_their_own_row_and_record_line() {
+        let mut r = sample();
+        r.dict_bytes = Figures {
+            disk: 500,
+            uncompressed: 2000,
+            referenced: 2000,
+        };
+        let out = r.render(true);
+        assert_eq!(
+            out.lines().last().unwrap(),
+            "dict        25%     500          2000         2000        "
+        );
+        assert_eq!(UsageReport::from_record(&r.to_record()).unwrap(), r);
+        let mut m = r.clone();
+        m.merge(&r);
+        assert_eq!(m.dict_bytes.disk, 1000);
+        assert!(!sample().render(true).contains("dict "));
     }
 
     #[test]

@@ -54,6 +54,7 @@ fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Durati
             tracing::error!("compfs background flush failed: {e}");
             continue;
         }
+        inner.dict_maintain();
         inner.trim_bufs();
         // A store in a bucket also commits when its metadata snapshot is due for upload
         // (`metadata_interval`), even if nothing changed locally since the last commit.
@@ -152,6 +153,7 @@ impl Threads {
     /// Stops the threads: each finishes what it is doing and exits once its queue closes.
     pub(crate) fn stop(&mut self, inner: &Inner) {
         inner.bg.stop.store(true, Ordering::SeqCst);
+        inner.dicts.join_training();
         if let Some((tx, h)) = self.recompress.take() {
             drop(tx);
             let _ = h.join();

@@ -162,17 +162,24 @@ struct Candidate {
 }
 
 /// The distinct extents (inline data counted as one) of a file that are not stored as
-/// `(codec, level)`, and their uncompressed bytes.
+/// `(codec, level)`, or, when the store has a current dictionary `cur` and the target is zstd,
+/// small ones not compressed with it (see `defrag`); and their uncompressed bytes.
 fn off_target(
     map: &impl ReadableTable<(u64, u64), &'static [u8]>,
     extents: &impl ReadableTable<u64, &'static [u8]>,
     ino: Ino,
     rec: &InodeRec,
     want: (u8, i8),
+    cur: Option<u16>,
 ) -> Result<(u64, u64)> {
     let (mut n, mut bytes) = (0u64, 0u64);
+    let zstd = want.0 == compfs_codec::Algorithm::Zstd.id();
+    let off = |codec: u8, level: i8, dict: u16, small: bool| {
+        crate::defrag::planned_as((codec, level, dict), want, cur) != want
+            || (zstd && small && cur.is_some_and(|c| c != dict))
+    };
     if let Some(i) = &rec.inline {
-        if (i.codec, i.level) != want {
+        if off(i.codec, i.level, i.dict, true) {
             n += 1;
             bytes += i.raw_len as u64;
         }
@@ -188,7 +195,8 @@ fn off_target(
             return Err(meta::corrupt("map entry names a missing extent"));
         };
         let x = dec(ExtentRec::decode(x.value()))?;
-        if (x.codec, x.level) != want {
+        let small = x.raw_len as usize <= crate::dict::DICT_MAX_EXTENT;
+        if off(x.codec, x.level, x.dict, small) {
             n += 1;
             bytes += x.raw_len as u64;
         }
@@ -270,7 +278,8 @@ impl Inner {
                 kept.insert(ino, v);
                 continue;
             }
-            let (n, bytes) = off_target(&map, &extents, ino, &rec, recorded(target))?;
+            let cur = self.dicts.current().map(|d| d.id);
+            let (n, bytes) = off_target(&map, &extents, ino, &rec, recorded(target), cur)?;
             if n == 0 {
                 continue;
             }

@@ -8,6 +8,12 @@
 //! one metadata transaction replacing the block's map range), so crash safety is the flush's:
 //! until a commit is durable the old extents stay referenced, and the extents a rewrite frees
 //! are reclaimed by GC like any overwritten extent.
+//!
+//! Store dictionaries (format version 3): when the store has a current dictionary, a small
+//! block (see `dict::dict_applies`) whose extents or inline data do not use it is not at
+//! target either; it is rewritten when the rewrite comes out with the dictionary
+//! ([`BlockPlan::IfDict`]). An extent compressed with the current dictionary counts as at the
+//! target level whatever level it records (the dictionary's).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::mpsc::Receiver;
@@ -105,6 +111,33 @@ pub(crate) enum BlockPlan {
     IfShrinks,
     /// Rewrite the block.
     Rewrite,
+    /// Codec and level are the target's but the block is small and not compressed with the
+    /// current dictionary: rewrite it only if the result uses the dictionary.
+    IfDict,
+}
+
+/// The plan of a block that `plan_block` found at target, given the dictionary ids its
+/// extents record, the current dictionary and whether the block is small enough for one.
+pub(crate) fn dict_plan(
+    plan: BlockPlan,
+    dicts: &[u16],
+    cur: Option<u16>,
+    small: bool,
+) -> BlockPlan {
+    match (plan, cur) {
+        (BlockPlan::Skip, Some(c)) if small && dicts.iter().any(|&d| d != c) => BlockPlan::IfDict,
+        _ => plan,
+    }
+}
+
+/// The `(codec, level)` an extent counts as for planning: one compressed with the current
+/// dictionary `cur` in the target codec counts as at the target level.
+pub(crate) fn planned_as(x: (u8, i8, u16), target: (u8, i8), cur: Option<u16>) -> (u8, i8) {
+    if x.2 != 0 && Some(x.2) == cur && x.0 == target.0 {
+        (x.0, target.1)
+    } else {
+        (x.0, x.1)
+    }
 }
 
 /// The plan for a block referencing extents stored as `(codec id, level)`, for a target codec
@@ -123,6 +156,15 @@ pub(crate) fn plan_block(extents: &[(u8, i8)], whole: bool, target: (u8, i8)) ->
     }
 }
 
+/// True when an encoded block came out compressed with a dictionary.
+fn came_out_dict(en: &EncodedBlock) -> bool {
+    match &en.0.out {
+        Out::Extent { dict, .. } => *dict != 0,
+        Out::Inline(i) => i.dict != 0,
+        Out::Hole => false,
+    }
+}
+
 /// True when an encoded block came out raw (as an extent or inline data).
 fn came_out_raw(en: &EncodedBlock) -> bool {
     match &en.0.out {
@@ -132,8 +174,8 @@ fn came_out_raw(en: &EncodedBlock) -> bool {
     }
 }
 
-/// An extent a block references: (extent id, codec id, level).
-type BlockExtent = (u64, u8, i8);
+/// An extent a block references: (extent id, codec id, level, dictionary id).
+type BlockExtent = (u64, u8, i8, u16);
 
 /// Batches of blocks compressing on the pool while this thread reads the next one.
 const PIPELINE_BATCHES: usize = 1;
@@ -171,7 +213,7 @@ impl Inner {
         if let Some(i) = &rec.inline {
             if blocks.contains(&0) {
                 let b = out.entry(0).or_default();
-                b.extents.push((INLINE_ID, i.codec, i.level));
+                b.extents.push((INLINE_ID, i.codec, i.level, i.dict));
                 b.key.push((0, INLINE_ID, 0, i.raw_len));
                 b.raw_lens.push(i.raw_len);
             }
@@ -196,7 +238,7 @@ impl Inner {
                     continue;
                 }
                 let bn = out.entry(b).or_default();
-                bn.extents.push((m.extent, x.codec, x.level));
+                bn.extents.push((m.extent, x.codec, x.level, x.dict));
                 bn.key.push((off, m.extent, m.ext_offset, m.len));
                 bn.raw_lens.push(x.raw_len);
             }
@@ -288,6 +330,8 @@ impl Inner {
         };
         let policy = target.resolve(inner.file_policy(ino)?);
         let want = (policy.spec.algorithm().id(), policy.spec.level() as i8);
+        let dx = inner.dict_ctx(&policy).no_sample();
+        let cur = dx.cur.as_ref().map(|d| d.id);
         let mut r = DefragReport {
             files: 1,
             ..DefragReport::default()
@@ -337,8 +381,19 @@ impl Inner {
                     let len = span::block_len_in_file(rec.size, b, e);
                     r.bytes_examined += len as u64;
                     let Some(bn) = now.get(&b) else { continue };
-                    let codecs: Vec<(u8, i8)> = bn.extents.iter().map(|x| (x.1, x.2)).collect();
-                    let plan = plan_block(&codecs, bn.whole(b, e, rec.size), want);
+                    let codecs: Vec<(u8, i8)> = bn
+                        .extents
+                        .iter()
+                        .map(|x| planned_as((x.1, x.2, x.3), want, cur))
+                        .collect();
+                    let dicts: Vec<u16> = bn.extents.iter().map(|x| x.3).collect();
+                    let small = crate::dict::dict_applies(policy.spec, len, inline_ok && b == 0);
+                    let plan = dict_plan(
+                        plan_block(&codecs, bn.whole(b, e, rec.size), want),
+                        &dicts,
+                        cur,
+                        small,
+                    );
                     if plan == BlockPlan::Skip || len == 0 {
                         continue;
                     }
@@ -347,8 +402,9 @@ impl Inner {
                     batch.blocks.insert(b, (plan, bn.clone()));
                     let src = Arc::new(v);
                     let inline = inline_ok && b == 0;
+                    let dx = dx.clone();
                     jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
-                        (encode_block(enc, &policy, b, &src[..len], inline), src)
+                        (encode_block(enc, &policy, b, &src[..len], inline, &dx), src)
                     }));
                 }
                 Ok(())
@@ -403,7 +459,11 @@ impl Inner {
         results.retain(|en| {
             b.blocks
                 .get(&en.0.block)
-                .is_some_and(|(plan, _)| *plan != BlockPlan::IfShrinks || !came_out_raw(en))
+                .is_some_and(|(plan, _)| match plan {
+                    BlockPlan::IfShrinks => !came_out_raw(en),
+                    BlockPlan::IfDict => came_out_dict(en),
+                    _ => true,
+                })
         });
         if results.is_empty() {
             return Ok(());
@@ -504,6 +564,22 @@ mod tests {
         assert_eq!(plan_block(&[(4, 0)], true, (0, 0)), BlockPlan::Rewrite);
         // Codecs without levels record level 0.
         assert_eq!(plan_block(&[(4, 0)], true, (4, 0)), BlockPlan::Skip);
+    }
+
+    #[test]
+    fn small_blocks_move_to_the_current_dictionary() {
+        use BlockPlan::*;
+        assert_eq!(dict_plan(Skip, &[0], Some(1), true), IfDict);
+        assert_eq!(dict_plan(Skip, &[1], Some(1), true), Skip);
+        assert_eq!(dict_plan(Skip, &[1, 0], Some(1), true), IfDict);
+        assert_eq!(dict_plan(Skip, &[0], Some(1), false), Skip);
+        assert_eq!(dict_plan(Skip, &[0], None, true), Skip);
+        assert_eq!(dict_plan(Rewrite, &[0], Some(1), true), Rewrite);
+        // An extent with the current dictionary counts at the target level.
+        assert_eq!(planned_as((3, 3, 1), (3, 9), Some(1)), (3, 9));
+        assert_eq!(planned_as((3, 3, 2), (3, 9), Some(1)), (3, 3));
+        assert_eq!(planned_as((3, 3, 0), (3, 9), Some(1)), (3, 3));
+        assert_eq!(planned_as((3, 3, 1), (1, 9), Some(1)), (3, 3));
     }
 
     #[test]

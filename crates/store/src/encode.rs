@@ -4,9 +4,10 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use compfs_codec::{ExtentOutcome, ExtentPolicy, RawReason};
+use compfs_codec::{worth_it, ExtentOutcome, ExtentPolicy, RawReason};
 use redb::ReadableDatabase;
 
+use crate::dict::{dict_applies, DictCtx};
 use crate::error::{Error, Result};
 use crate::file::Dirty;
 use crate::meta::{self};
@@ -30,6 +31,8 @@ pub(crate) enum Out {
         stored: Option<Vec<u8>>,
         reason: Option<RawReason>,
         crc: u32,
+        /// Dictionary the bytes were compressed with (0 = none).
+        dict: u16,
     },
 }
 
@@ -54,6 +57,9 @@ thread_local! {
     /// Compression output buffer of this thread; a compressed extent leaves in it, and a
     /// pooled one (see `OUT_BUFS`) takes its place.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Output of the compression with the store's dictionary, swapped with `SCRATCH` when it
+    /// is the shorter one.
+    static DICT_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Compressed-extent buffers, passed from the compression workers to the committing thread and
@@ -113,12 +119,15 @@ pub(crate) fn whole_blocks(results: &[EncodedBlock]) -> Vec<(u64, Arc<Vec<u8>>)>
         .collect()
 }
 
+/// Encodes one block (or written range of a block: `dx` then offers no sample) as inline data
+/// or an extent, with the store's dictionary `dx` when that is shorter (see `dict`).
 pub(crate) fn encode_block(
     enc: &mut compfs_codec::ExtentEncoder,
     policy: &ExtentPolicy,
     block: u64,
     src: &[u8],
     inline: bool,
+    dx: &DictCtx,
 ) -> Encoded {
     let len = src.len();
     if src.iter().all(|&b| b == 0) {
@@ -130,25 +139,52 @@ pub(crate) fn encode_block(
             out: Out::Hole,
         };
     }
+    if block == 0 {
+        dx.offer(policy.spec, src);
+    }
+    let dict = dx
+        .cur
+        .as_ref()
+        .filter(|_| dict_applies(policy.spec, len, inline));
     if inline {
         if !policy.spec.is_none() {
             let mut dst = Vec::new();
+            let mut best: Option<Inline> = None;
             if let Ok(n) = enc.compressor.compress(policy.spec, src, &mut dst) {
                 if n < len {
                     dst.truncate(n);
-                    return Encoded {
-                        block,
-                        off: 0,
-                        full: true,
-                        len,
-                        out: Out::Inline(Inline::new(
-                            policy.spec.algorithm().id(),
-                            policy.spec.level() as i8,
-                            len as u32,
-                            dst,
-                        )),
-                    };
+                    best = Some(Inline::new(
+                        policy.spec.algorithm().id(),
+                        policy.spec.level() as i8,
+                        len as u32,
+                        std::mem::take(&mut dst),
+                    ));
                 }
+            }
+            if let Some(d) = dict {
+                if let Ok(n) = enc.compressor.compress_dict(&d.dict, src, &mut dst) {
+                    if n < best.as_ref().map_or(len, |b| b.bytes.len()) {
+                        dst.truncate(n);
+                        best = Some(
+                            Inline::new(
+                                policy.spec.algorithm().id(),
+                                d.dict.level() as i8,
+                                len as u32,
+                                dst,
+                            )
+                            .with_dict(d.id),
+                        );
+                    }
+                }
+            }
+            if let Some(i) = best {
+                return Encoded {
+                    block,
+                    off: 0,
+                    full: true,
+                    len,
+                    out: Out::Inline(i),
+                };
             }
         }
         return Encoded {
@@ -159,15 +195,40 @@ pub(crate) fn encode_block(
             out: Out::Inline(Inline::new(0, 0, len as u32, src.to_vec())),
         };
     }
+    let mut used_dict: Option<(u16, i8)> = None;
     let (outcome, dst) = SCRATCH.with(|scratch| {
         let mut dst = scratch.borrow_mut();
-        let outcome = match enc.encode(policy, src, &mut dst) {
+        let mut outcome = match enc.encode(policy, src, &mut dst) {
             Ok(o) => o,
             Err(e) => {
                 tracing::warn!("compfs: compressor failed ({e}); storing extent raw");
                 ExtentOutcome::Raw(RawReason::NotWorthIt)
             }
         };
+        // The dictionary is tried where plain compression was (or would have been, if the
+        // extent had been long enough to pass the rule): not when the codec is `none` or the
+        // heuristic predicted incompressible data.
+        let tried = matches!(
+            outcome,
+            ExtentOutcome::Compressed { .. } | ExtentOutcome::Raw(RawReason::NotWorthIt)
+        );
+        if let (Some(d), true) = (dict, tried) {
+            DICT_SCRATCH.with(|ds| {
+                let mut ds = ds.borrow_mut();
+                if let Ok(n) = enc.compressor.compress_dict(&d.dict, src, &mut ds) {
+                    let plain = match outcome {
+                        ExtentOutcome::Compressed { len } => len,
+                        ExtentOutcome::Raw(_) => len,
+                    };
+                    if n < plain && worth_it(len, n, policy.min_saving) {
+                        ds.truncate(n);
+                        std::mem::swap(&mut *dst, &mut *ds);
+                        outcome = ExtentOutcome::Compressed { len: n };
+                        used_dict = Some((d.id, d.dict.level() as i8));
+                    }
+                }
+            });
+        }
         let out = match outcome {
             // Hand the scratch buffer itself over (the committing thread returns it to the
             // pool once written) and continue with a pooled one: no copy, no allocation.
@@ -183,10 +244,11 @@ pub(crate) fn encode_block(
     let out = match outcome {
         ExtentOutcome::Compressed { .. } => Out::Extent {
             codec: policy.spec.algorithm().id(),
-            level: policy.spec.level() as i8,
+            level: used_dict.map_or(policy.spec.level() as i8, |(_, l)| l),
             crc: crc32c::crc32c(&dst),
             stored: Some(dst),
             reason: None,
+            dict: used_dict.map_or(0, |(id, _)| id),
         },
         ExtentOutcome::Raw(r) => Out::Extent {
             codec: 0,
@@ -194,6 +256,7 @@ pub(crate) fn encode_block(
             stored: None,
             reason: Some(r),
             crc: crc32c::crc32c(src),
+            dict: 0,
         },
     };
     Encoded {
@@ -274,6 +337,7 @@ impl Inner {
             }
         }
         let live = d.live_blocks(e);
+        let dx = self.dict_ctx(&policy);
         let mut jobs: Vec<EncodeJob> = Vec::with_capacity(live.len());
         for b in live {
             let Some(src) = d.blocks.remove(&b) else {
@@ -282,8 +346,9 @@ impl Inner {
             let src = Arc::new(src);
             let len = span::block_len_in_file(d.size, b, e);
             let inline = inline_ok && b == 0;
+            let dx = dx.clone();
             jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
-                (encode_block(enc, &policy, b, &src[..len], inline), src)
+                (encode_block(enc, &policy, b, &src[..len], inline, &dx), src)
             }));
         }
         for (&b, p) in &d.partial {
@@ -294,8 +359,9 @@ impl Inner {
                     continue;
                 }
                 let src = p.data.clone();
+                let dx = dx.no_sample();
                 jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
-                    let mut en = encode_block(enc, &policy, b, &src[rs..re], false);
+                    let mut en = encode_block(enc, &policy, b, &src[rs..re], false, &dx);
                     en.off = rs;
                     en.full = false;
                     (en, src)

@@ -96,6 +96,7 @@ impl Inner {
         let policy = self.file_policy(ino)?;
         let inline_ok = d.size <= self.inline_limit(e);
         let ids = d.live_blocks(e);
+        let dx = self.dict_ctx(&policy);
         let mut jobs: Vec<EncodeJob> = Vec::with_capacity(ids.len());
         let mut mine = Vec::with_capacity(ids.len());
         for b in ids {
@@ -107,8 +108,9 @@ impl Inner {
             mine.push((b, a.clone()));
             let len = span::block_len_in_file(d.size, b, e);
             let inline = inline_ok && b == 0;
+            let dx = dx.clone();
             jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
-                (encode_block(enc, &policy, b, &a[..len], inline), a)
+                (encode_block(enc, &policy, b, &a[..len], inline, &dx), a)
             }));
         }
         let (rx, n) = self.submit_grouped(jobs);
@@ -320,6 +322,7 @@ impl Inner {
                     stored,
                     reason,
                     crc,
+                    dict,
                 } => {
                     let stored: &[u8] = match stored {
                         Some(v) => v,
@@ -349,6 +352,7 @@ impl Inner {
                         ino,
                         file_offset: en.block * e + en.off as u64,
                         crc: *crc,
+                        dict: *dict,
                     };
                     placed.push((i, id, at, h));
                     heads.push(h.encode());
@@ -472,6 +476,7 @@ impl Inner {
                             crc: h.crc,
                             refs: 0,
                             ino,
+                            dict: h.dict,
                         };
                         disk += w.add_mapped_extent(
                             id,

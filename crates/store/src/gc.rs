@@ -159,7 +159,8 @@ impl Inner {
                     let f = self.seg_file(victim)?;
                     f.read_exact_at(&mut raw, xr.seg_offset)?;
                 }
-                if crate::read::verify_extent(id, &xr, &raw).is_err() {
+                let d = self.dict_for(xr.dict);
+                if crate::read::verify_extent(id, &xr, &raw, crate::read::dict_ref(&d)).is_err() {
                     // A damaged extent stays where it is (fsck reports it); the segment stays.
                     tracing::warn!(
                         "compfs gc: extent {id} in segment {victim} is damaged; not moved"

@@ -34,6 +34,7 @@ mod background;
 mod bgcomp;
 mod cache;
 mod defrag;
+mod dict;
 mod encode;
 mod error;
 mod file;

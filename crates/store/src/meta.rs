@@ -27,6 +27,8 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta
 pub(crate) const ORPHANS: TableDefinition<u64, ()> = TableDefinition::new("orphans");
 /// Preallocated ranges: (inode, start) -> [`crate::records::PreallocRec`] (see `prealloc`).
 pub(crate) const PREALLOC: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("prealloc");
+/// Trained zstd dictionaries: id -> [`crate::records::DictRec`] (format version 3, see `dict`).
+pub(crate) const DICTS: TableDefinition<u16, &[u8]> = TableDefinition::new("dicts");
 
 pub(crate) const NEXT_INO: &str = "next_ino";
 pub(crate) const NEXT_EXTENT: &str = "next_extent";
@@ -66,6 +68,7 @@ pub(crate) struct W<'t> {
     meta: OnceCell<Table<'t, &'static str, &'static [u8]>>,
     orphans: OnceCell<Table<'t, u64, ()>>,
     prealloc: OnceCell<Table<'t, (u64, u64), &'static [u8]>>,
+    dicts: OnceCell<Table<'t, u16, &'static [u8]>>,
     /// Change of the reserved total in this transaction (applied after commit, see
     /// `Inner::settle`).
     pub reserve_delta: i64,
@@ -117,6 +120,7 @@ impl<'t> W<'t> {
             meta: OnceCell::new(),
             orphans: OnceCell::new(),
             prealloc: OnceCell::new(),
+            dicts: OnceCell::new(),
             reserve_delta: 0,
             freed: Vec::new(),
         })
@@ -136,6 +140,7 @@ impl<'t> W<'t> {
         self.meta_mut()?;
         self.orphans_mut()?;
         self.prealloc_mut()?;
+        self.dicts_mut()?;
         Ok(())
     }
 
@@ -152,6 +157,7 @@ impl<'t> W<'t> {
         meta, meta_mut, META: &'static str => &'static [u8];
         orphans, orphans_mut, ORPHANS: u64 => ();
         prealloc, prealloc_mut, PREALLOC: (u64, u64) => &'static [u8];
+        dicts, dicts_mut, DICTS: u16 => &'static [u8];
     }
 
     pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {

@@ -329,7 +329,7 @@ impl Store {
             return Err(Error::InvalidArgument("not a symlink".into()));
         }
         match &r.inline {
-            Some(i) => crate::read::decode_inline(ino, i),
+            Some(i) => self.inner.inline_data(ino, i),
             None => Err(meta::corrupt(format!("symlink {ino} has no target"))),
         }
     }

@@ -6,9 +6,10 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use compfs_codec::{Algorithm, Decompressor};
+use compfs_codec::{Algorithm, Decompressor, Dictionary};
 use redb::{ReadTransaction, ReadableDatabase};
 
+use crate::dict::StoreDict;
 use crate::error::{Error, Result};
 use crate::file::{kind_error, Dirty};
 use crate::meta::{self, dec};
@@ -24,10 +25,47 @@ thread_local! {
     static RAW_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Checks inline data against its checksum and decodes it: a mismatch, or stored bytes that do
-/// not decode to exactly the uncompressed length, is `Error::Corrupt` (EIO) and one log line,
-/// as for an extent.
-pub(crate) fn decode_inline(ino: Ino, i: &Inline) -> Result<Vec<u8>> {
+/// The dictionary an extent or inline datum was compressed with, as its decoder takes it:
+/// `Ok(None)` for none, `Err(why)` when it is missing or damaged.
+pub(crate) type DictRef<'a> = std::result::Result<Option<&'a Dictionary>, String>;
+
+/// A [`DictRef`] of a looked-up dictionary.
+pub(crate) fn dict_ref(r: &std::result::Result<Option<Arc<StoreDict>>, String>) -> DictRef<'_> {
+    match r {
+        Ok(d) => Ok(d.as_ref().map(|d| &d.dict)),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+/// Decompresses `stored` into `out` (exactly the uncompressed length) with codec `codec` and,
+/// when `dict_id` is not 0, dictionary `dict`.
+fn decompress(
+    codec: u8,
+    dict_id: u16,
+    dict: DictRef<'_>,
+    stored: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let alg = Algorithm::from_id(codec).ok_or_else(|| format!("unknown codec {codec}"))?;
+    if dict_id == 0 {
+        return DECOMPRESSOR
+            .with(|d| d.borrow_mut().decompress(alg, stored, out))
+            .map_err(|e| format!("undecodable: {e}"));
+    }
+    if alg != Algorithm::Zstd {
+        return Err(format!("{} data names dictionary {dict_id}", alg.name()));
+    }
+    let d = dict?.ok_or_else(|| format!("dictionary {dict_id} is not loaded"))?;
+    DECOMPRESSOR
+        .with(|x| x.borrow_mut().decompress_dict(d, stored, out))
+        .map_err(|e| format!("undecodable with dictionary {dict_id}: {e}"))
+}
+
+/// Checks inline data against its checksum and decodes it (with `dict`, the dictionary it
+/// names): a mismatch, a missing or damaged dictionary, or stored bytes that do not decode to
+/// exactly the uncompressed length, is `Error::Corrupt` (EIO) and one log line, as for an
+/// extent.
+pub(crate) fn decode_inline(ino: Ino, i: &Inline, dict: DictRef<'_>) -> Result<Vec<u8>> {
     let corrupt = |detail: String| {
         let err = Error::Corrupt {
             ino,
@@ -47,16 +85,13 @@ pub(crate) fn decode_inline(ino: Ino, i: &Inline) -> Result<Vec<u8>> {
         )));
     }
     if i.codec == 0 {
-        if i.bytes.len() != i.raw_len as usize {
+        if i.bytes.len() != i.raw_len as usize || i.dict != 0 {
             return Err(corrupt("raw inline length mismatch".into()));
         }
         return Ok(i.bytes.clone());
     }
-    let alg = Algorithm::from_id(i.codec).ok_or_else(|| corrupt(format!("codec {}", i.codec)))?;
     let mut out = vec![0u8; i.raw_len as usize];
-    DECOMPRESSOR
-        .with(|d| d.borrow_mut().decompress(alg, &i.bytes, &mut out))
-        .map_err(|e| corrupt(e.to_string()))?;
+    decompress(i.codec, i.dict, dict, &i.bytes, &mut out).map_err(corrupt)?;
     Ok(out)
 }
 
@@ -74,9 +109,10 @@ pub(crate) fn verify_extent(
     id: u64,
     xr: &ExtentRec,
     raw: &[u8],
+    dict: DictRef<'_>,
 ) -> std::result::Result<Vec<u8>, String> {
     let mut out = vec![0u8; xr.raw_len as usize];
-    verify_extent_into(id, xr, raw, &mut out)?;
+    verify_extent_into(id, xr, raw, dict, &mut out)?;
     Ok(out)
 }
 
@@ -86,11 +122,16 @@ fn verify_extent_into(
     id: u64,
     xr: &ExtentRec,
     raw: &[u8],
+    dict: DictRef<'_>,
     out: &mut [u8],
 ) -> std::result::Result<(), String> {
     let h =
         ExtentHeader::decode(&raw[..EXT_HEADER_LEN.min(raw.len())]).map_err(|e| e.to_string())?;
-    if h.id != id || h.raw_len != xr.raw_len || h.stored_len != xr.stored_len || h.codec != xr.codec
+    if h.id != id
+        || h.raw_len != xr.raw_len
+        || h.stored_len != xr.stored_len
+        || h.codec != xr.codec
+        || h.dict != xr.dict
     {
         return Err(format!(
             "extent header does not match the metadata (header id {} len {}/{}, expected id {id} len {}/{})",
@@ -112,10 +153,7 @@ fn verify_extent_into(
             xr.crc
         ));
     }
-    let alg = Algorithm::from_id(h.codec).ok_or_else(|| format!("unknown codec {}", h.codec))?;
-    DECOMPRESSOR
-        .with(|d| d.borrow_mut().decompress(alg, stored, out))
-        .map_err(|e| format!("undecodable: {e}"))
+    decompress(h.codec, h.dict, dict, stored, out)
 }
 
 /// The error for a damaged extent met while reading `ino` at `file_off`, logged once here.
@@ -208,7 +246,7 @@ impl Inner {
         let end = off + buf.len() as u64;
         let rec = inode_in(txn, ino)?;
         if let Some(i) = &rec.inline {
-            let data = decode_inline(ino, i)?;
+            let data = self.inline_data(ino, i)?;
             if let Some((s, e, src)) = span::entry_window(0, data.len() as u32, 0, off, end) {
                 let (dst, n) = ((s - off) as usize, (e - s) as usize);
                 buf[dst..dst + n].copy_from_slice(&data[src as usize..src as usize + n]);
@@ -298,8 +336,24 @@ impl Inner {
         out: &mut [u8],
     ) -> Result<()> {
         self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
-        self.with_stored(xr, |raw| verify_extent_into(id, xr, raw, out))
+        let d = self.dict_for(xr.dict);
+        self.with_stored(xr, |raw| verify_extent_into(id, xr, raw, dict_ref(&d), out))
             .map_err(|f| f.into_error(id, ino, file_off, xr))
+    }
+
+    /// The dictionary id `id` names (none for 0), loaded once per open; the error says why it
+    /// cannot be used.
+    pub(crate) fn dict_for(&self, id: u16) -> std::result::Result<Option<Arc<StoreDict>>, String> {
+        if id == 0 {
+            return Ok(None);
+        }
+        self.dicts.get(&self.db, id).map(Some)
+    }
+
+    /// The checked, decoded bytes of inline data `i` of `ino`.
+    pub(crate) fn inline_data(&self, ino: Ino, i: &Inline) -> Result<Vec<u8>> {
+        let d = self.dict_for(i.dict);
+        decode_inline(ino, i, dict_ref(&d))
     }
 
     /// The uncompressed bytes of an extent, verified (cached). Call with `seg_barrier` held.
@@ -332,7 +386,8 @@ impl Inner {
 
     /// Reads, checks and decodes an extent.
     fn load_extent(&self, id: u64, xr: &ExtentRec) -> std::result::Result<Vec<u8>, ExtentFault> {
-        self.with_stored(xr, |raw| verify_extent(id, xr, raw))
+        let d = self.dict_for(xr.dict);
+        self.with_stored(xr, |raw| verify_extent(id, xr, raw, dict_ref(&d)))
     }
 
     /// Reads an extent's header and stored bytes into this thread's reused buffer and hands

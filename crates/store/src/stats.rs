@@ -162,6 +162,9 @@ impl Store {
                     .or_default()
                     .add(&f);
                 u.inline_bytes.add(&f);
+                if i.dict != 0 {
+                    u.dict_bytes.add(&f);
+                }
             }
             for r in map.range((ino, 0)..=(ino, u64::MAX))? {
                 let (_, v) = r?;
@@ -186,6 +189,9 @@ impl Store {
                     .entry(codec_level_label(xr.codec, xr.level))
                     .or_default()
                     .add(&f);
+                if xr.dict != 0 {
+                    u.dict_bytes.add(&f);
+                }
             }
         }
         let mut t = CodecUsage::default();

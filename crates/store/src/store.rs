@@ -155,6 +155,8 @@ pub(crate) struct Inner {
     pub reserve: Reserve,
     /// Background recompression (see `bgcomp`).
     pub bg: crate::bgcomp::Shared,
+    /// Store-trained dictionaries (see `dict`).
+    pub dicts: Arc<crate::dict::Dicts>,
 }
 
 /// A compfs store. See the crate docs.
@@ -325,7 +327,13 @@ impl Store {
         }
         let reserve = Reserve::open(dir, reserved, opts.read_only)?;
         let policy = opts.policy.unwrap_or((sb.codec, sb.mode));
+        let dicts = Arc::new(crate::dict::Dicts::open(
+            &db,
+            opts.dict && !opts.read_only,
+            crate::dict::dict_level(sb.codec),
+        )?);
         let inner = Arc::new(Inner {
+            dicts,
             dir: dir.to_path_buf(),
             seg_dir,
             sb,

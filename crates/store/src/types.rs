@@ -209,6 +209,9 @@ pub struct OpenOptions {
     pub min_saving: MinSaving,
     /// Background recompression: `background_compression=` and `background_delay=`.
     pub background: crate::BackgroundPolicy,
+    /// Store-trained zstd dictionaries for small extents and inline data (mount option
+    /// `dict=off` turns them off; extents already using one stay readable).
+    pub dict: bool,
 }
 
 /// The store's default worth-it rule: a compressed extent is kept when it is at least one byte
@@ -226,6 +229,7 @@ impl Default for OpenOptions {
                 .unwrap_or(2),
             min_saving: DEFAULT_MIN_SAVING,
             background: crate::BackgroundPolicy::default(),
+            dict: true,
         }
     }
 }
@@ -276,6 +280,9 @@ pub struct Usage {
     pub inline: u64,
     /// Bytes of that inline data (also counted under its codec in `per_codec`).
     pub inline_bytes: CodecUsage,
+    /// Bytes of extents and inline data compressed with a store-trained dictionary (also
+    /// counted under their codec in `per_codec`).
+    pub dict_bytes: CodecUsage,
     /// Keyed by codec name: "none", "zlib", "lzo", "zstd", "lz4".
     pub per_codec: BTreeMap<String, CodecUsage>,
     /// The same figures keyed by codec and level as stored per extent: "zstd:1", "zstd:9",

@@ -120,6 +120,8 @@ struct Outcome {
     acked_verified: u64,
     lost: u64,
     problems: Vec<String>,
+    /// Runs whose store trained a dictionary (and wrote on with it).
+    dict_runs: u64,
 }
 
 fn store_tuning(seg: FaultBackend, meta: FaultBackend) -> Tuning {
@@ -186,7 +188,16 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
         _ => End::Close,
     };
     let mut closed_cut = None;
-    for _ in 0..steps {
+    let mut trained = false;
+    for step in 0..steps {
+        // A third of the way in, the store trains its dictionary from the files written so
+        // far and samples like the workload's writes (a commit of its own, cut like any
+        // other); later small extents and inline data of zstd files use it, and every image
+        // must read them back.
+        if step == steps / 3 {
+            let extra: Vec<Vec<u8>> = (0..64).map(|i| pattern(4096, seed ^ i)).collect();
+            trained = s.train_dictionary_with(extra).unwrap().is_some();
+        }
         let names = m.cur_names();
         let pick = |rng: &mut Rng| -> Option<(String, Ino)> {
             if names.is_empty() {
@@ -486,7 +497,10 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
         pc.stop();
         s.close().unwrap();
     }
-    let mut out = Outcome::default();
+    let mut out = Outcome {
+        dict_runs: u64::from(trained),
+        ..Outcome::default()
+    };
     for img in pc.images() {
         out.cuts += 1;
         let closed = closed_cut == Some(img.op);
@@ -720,14 +734,15 @@ fn power_loss() {
         total.lost += o.lost;
         total.problems.extend(o.problems);
         total.nondurable += o.nondurable;
+        total.dict_runs += o.dict_runs;
         seed += 1;
     }
     for p in total.problems.iter().take(30) {
         eprintln!("{p}");
     }
     println!(
-        "power-loss: {} cuts, {} acknowledged files verified, {} lost",
-        total.cuts, total.acked_verified, total.lost
+        "power-loss: {} cuts, {} acknowledged files verified, {} lost; {} runs with a dictionary",
+        total.cuts, total.acked_verified, total.lost, total.dict_runs
     );
     assert!(
         total.problems.is_empty(),
@@ -736,6 +751,7 @@ fn power_loss() {
     );
     // redb's other outcome was exercised: images where it came back at a non-durable commit.
     if cuts >= 200 {
+        assert!(total.dict_runs > 0, "no run trained a dictionary");
         assert!(
             total.nondurable > 0,
             "no image had meta.redb at a non-durable commit"

@@ -298,3 +298,107 @@ fn table_costs(dir: &std::path::Path) {
         println!("  after redb compact: meta.redb {len}");
     }
 }
+
+/// Copies `tree` into `s` through the store API (one close per file, as `cp` does); returns the
+/// files' inodes and bytes.
+fn copy_tree(s: &Store, tree: &std::path::Path) -> (Vec<Ino>, u64) {
+    let mut todo = vec![(tree.to_path_buf(), ROOT_INO)];
+    let (mut files, mut bytes) = (Vec::new(), 0u64);
+    while let Some((p, parent)) = todo.pop() {
+        for e in std::fs::read_dir(&p).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name();
+            let name = name.as_encoded_bytes();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                let d = s.mkdir(parent, name, 0o755, 0, 0).unwrap();
+                todo.push((e.path(), d.ino));
+            } else if ft.is_file() {
+                let data = std::fs::read(e.path()).unwrap();
+                let f = s
+                    .mknod(parent, name, FileKind::File, 0o644, 0, 0, 0)
+                    .unwrap();
+                s.open_file(f.ino).unwrap();
+                s.write(f.ino, 0, &data).unwrap();
+                s.release(f.ino).unwrap();
+                files.push(f.ino);
+                bytes += data.len() as u64;
+            }
+        }
+    }
+    (files, bytes)
+}
+
+/// The measurement behind the store dictionaries (docs/benchmarks-fs.md, small files): copies
+/// `COMPFS_SMALL_TREE` into a store with `dict=off`, one with dictionaries (trained in the
+/// background as the flusher finds enough samples), and the latter again after `defrag` of
+/// every file (which moves the files written before the training onto the dictionary); prints
+/// the store's bytes after close.
+#[test]
+#[ignore = "measurement: COMPFS_SMALL_TREE=DIR cargo test -p compfs-store --test small_files -- --ignored --nocapture measure_dict"]
+fn measure_dict() {
+    let Ok(tree) = std::env::var("COMPFS_SMALL_TREE") else {
+        panic!("set COMPFS_SMALL_TREE");
+    };
+    let t = tempfile::tempdir().unwrap();
+    let size = |dir: &std::path::Path| {
+        let f = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let segs: u64 = std::fs::read_dir(dir.join(format::SEGMENT_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        (segs, f(&dir.join(format::META_FILE)))
+    };
+    for (label, dict) in [("dict=off", false), ("dict=on", true)] {
+        let dir = t.path().join(label);
+        let tn = Tuning {
+            segment_size: 64 << 20,
+            flush_interval: Some(std::time::Duration::from_secs(2)),
+            ..Tuning::default()
+        };
+        create(&dir, 131072, tn.clone()).close().unwrap();
+        let o = OpenOptions {
+            dict,
+            ..OpenOptions::default()
+        };
+        let s = Store::open_tuned(&dir, &o, tn.clone()).unwrap();
+        let start = std::time::Instant::now();
+        let (files, bytes) = copy_tree(&s, std::path::Path::new(&tree));
+        s.sync().unwrap();
+        let u = s.usage(&[ROOT_INO]).unwrap();
+        let dict_id = s.current_dictionary();
+        s.close().unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        let (segs, meta) = size(&dir);
+        println!(
+            "{label}: {} files {bytes} bytes -> segments {segs} + meta.redb {meta} = {} ({:.3}x); dictionary {dict_id:?}; dict-compressed {} of {} bytes; inline {} files; {secs:.1} s",
+            files.len(),
+            segs + meta,
+            (segs + meta) as f64 / bytes as f64,
+            u.dict_bytes.disk,
+            u.dict_bytes.uncompressed,
+            u.inline
+        );
+        if dict {
+            let s = Store::open_tuned(&dir, &o, tn).unwrap();
+            let start = std::time::Instant::now();
+            for &ino in &files {
+                s.defrag(ino, &DefragTarget::default(), &mut |_| {})
+                    .unwrap();
+            }
+            s.gc().unwrap();
+            s.sync().unwrap();
+            let u = s.usage(&[ROOT_INO]).unwrap();
+            s.close().unwrap();
+            let (segs, meta) = size(&dir);
+            println!(
+                "{label} + defrag + gc: segments {segs} + meta.redb {meta} = {} ({:.3}x); dict-compressed {} of {} bytes; {:.1} s",
+                segs + meta,
+                (segs + meta) as f64 / bytes as f64,
+                u.dict_bytes.disk,
+                u.dict_bytes.uncompressed,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+}

@@ -38,7 +38,8 @@ pub struct MountArgs {
                 threads=N, fuse_threads=N, noexec, nosuid, nodev, noatime, acl (default), noacl, \
                 worth_it=bytes (default: keep an extent compressed if it is shorter) or \
                 worth_it=sector (btrfs: only if it saves a 4 KiB sector), \
-                background_compression=ALG[:LEVEL], background_delay=SECS (default 60)"
+                background_compression=ALG[:LEVEL], background_delay=SECS (default 60), \
+                dict=on (default: store-trained zstd dictionaries for small files) or dict=off"
     )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).

@@ -163,6 +163,7 @@ pub(crate) fn fsck_with(
     Ok(rep)
 }
 
+mod dicts;
 mod passes;
 mod repair;
 

@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use redb::{ReadTransaction, ReadableTable};
 
+use super::dicts::dict_of;
 use super::{Ctx, Fixes, ProblemKind};
 use crate::backend::{Backend, SegFile};
 use crate::error::Result;
 use crate::meta;
+use crate::read::DictRef;
 use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
     MapRec, PreallocRec, SegmentHeader, SegmentRec, StatRec, EXT_HEADER_LEN, SEGMENT_DIR,
@@ -34,6 +36,8 @@ pub(super) struct Loaded {
     pub(super) stats: BTreeMap<u8, StatRec>,
     /// Segment files on disk: id and length.
     pub(super) files: BTreeMap<u64, u64>,
+    /// The dictionaries, checked and digested (or why they cannot be used).
+    pub(super) dicts: super::dicts::Dicts,
 }
 
 /// Who references each extent, found by the extent-map pass.
@@ -162,6 +166,7 @@ pub(super) fn load(
             stats.insert(k.value(), s);
         }
     }
+    let dicts = super::dicts::load_dicts(txn, c)?;
 
     let seg_dir = dir.join(SEGMENT_DIR);
     let mut files: BTreeMap<u64, u64> = BTreeMap::new();
@@ -172,6 +177,7 @@ pub(super) fn load(
         }
     }
     Ok(Loaded {
+        dicts,
         seg_dir,
         backend,
         inodes,
@@ -534,7 +540,7 @@ pub(super) fn check_extents(
                     Err(e) => return Err(e),
                 },
             };
-            verify_stored(&|b, o| f.read_exact_at(b, o), id, x)
+            verify_stored(&|b, o| f.read_exact_at(b, o), id, x, dict_of(l, x.dict))
         })()?;
         pr.advance(x.footprint());
         if let Err(why) = check {
@@ -582,10 +588,11 @@ pub(super) fn verify_stored(
     read_at: &dyn Fn(&mut [u8], u64) -> std::io::Result<()>,
     id: u64,
     x: &ExtentRec,
+    dict: DictRef<'_>,
 ) -> std::io::Result<std::result::Result<(), String>> {
     let mut raw = vec![0u8; EXT_HEADER_LEN + x.stored_len as usize];
     match read_at(&mut raw, x.seg_offset) {
-        Ok(()) => Ok(crate::read::verify_extent(id, x, &raw).map(|_| ())),
+        Ok(()) => Ok(crate::read::verify_extent(id, x, &raw, dict).map(|_| ())),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Ok(Err(format!("read failed: {e}")))
         }
@@ -616,7 +623,7 @@ pub(super) fn check_accounting(
                 s.disk += i.bytes.len() as u64;
                 s.uncompressed += i.raw_len as u64;
                 s.referenced += i.raw_len as u64;
-                if let Err(e) = crate::read::decode_inline(ino, i) {
+                if let Err(e) = crate::read::decode_inline(ino, i, dict_of(l, i.dict)) {
                     c.add(
                         ProblemKind::CorruptExtent,
                         Some(ino),
@@ -877,17 +884,18 @@ mod tests {
             crc: 0,
             refs: 1,
             ino: 2,
+            dict: 0,
         };
         let t = tempfile::tempdir().unwrap();
         // Reading a directory fails with EISDIR: a stand-in for a failing device.
         let dir = std::fs::File::open(t.path()).unwrap();
         use std::os::unix::fs::FileExt;
-        let e = verify_stored(&|b, o| dir.read_exact_at(b, o), 1, &x).unwrap_err();
+        let e = verify_stored(&|b, o| dir.read_exact_at(b, o), 1, &x, Ok(None)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
         let short = t.path().join("short");
         std::fs::write(&short, [0u8; 70]).unwrap();
         let f = std::fs::File::open(&short).unwrap();
-        let why = verify_stored(&|b, o| f.read_exact_at(b, o), 1, &x)
+        let why = verify_stored(&|b, o| f.read_exact_at(b, o), 1, &x, Ok(None))
             .unwrap()
             .unwrap_err();
         assert!(why.starts_with("read failed"), "{why}");

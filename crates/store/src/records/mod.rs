@@ -7,8 +7,10 @@ use compfs_codec::{Algorithm, CodecSpec, Mode};
 use crate::types::{FileKind, Timestamp};
 
 /// Current store format version. Version 2 (issue 16) adds a checksum to inline data and a
-/// leaner inode record; version-1 stores open and are upgraded when opened for writing.
-pub const FORMAT_VERSION: u32 = 2;
+/// leaner inode record; version 3 (issue 16) a dictionary id in extent headers, extent records
+/// and inline data, and the `dicts` table. Older stores open and are upgraded when opened for
+/// writing.
+pub const FORMAT_VERSION: u32 = 3;
 /// Name of the superblock file inside the store directory.
 pub const SUPERBLOCK_FILE: &str = "compfs.super";
 /// Name of the metadata database inside the store directory.
@@ -29,13 +31,13 @@ pub const EXT_MAGIC: u32 = u32::from_le_bytes(*b"CXT1");
 /// Extent header length.
 pub const EXT_HEADER_LEN: usize = 48;
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
-fn u32_at(b: &[u8], o: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
-fn u64_at(b: &[u8], o: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], o: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[o..o + 8]);
     u64::from_le_bytes(a)
@@ -301,6 +303,8 @@ pub struct ExtentHeader {
     pub file_offset: u64,
     /// crc32c of the stored bytes.
     pub crc: u32,
+    /// The dictionary the bytes were compressed with (0 = none; format version 3).
+    pub dict: u16,
 }
 
 impl ExtentHeader {
@@ -309,6 +313,7 @@ impl ExtentHeader {
         b[0..4].copy_from_slice(&EXT_MAGIC.to_le_bytes());
         b[4] = self.codec;
         b[5] = self.level as u8;
+        b[6..8].copy_from_slice(&self.dict.to_le_bytes());
         b[8..12].copy_from_slice(&self.raw_len.to_le_bytes());
         b[12..16].copy_from_slice(&self.stored_len.to_le_bytes());
         b[16..24].copy_from_slice(&self.id.to_le_bytes());
@@ -335,8 +340,8 @@ impl ExtentHeader {
                 what: "extent header",
             });
         }
-        check_reserved("extent header", b, 6..8)?;
         let h = ExtentHeader {
+            dict: u16_at(b, 6),
             codec: b[4],
             level: b[5] as i8,
             raw_len: u32_at(b, 8),
@@ -370,7 +375,7 @@ fn check_lengths(what: &'static str, raw: usize, stored: usize) -> Result<(), De
 
 /// Rejects non-zero reserved bytes: every version-1 writer leaves them zero, so anything else
 /// is damage (or a newer format this version must not guess at).
-fn check_reserved(
+pub(crate) fn check_reserved(
     what: &'static str,
     b: &[u8],
     range: std::ops::Range<usize>,
@@ -386,7 +391,7 @@ fn check_reserved(
 }
 
 /// Bad metadata value.
-fn short(what: &'static str, len: usize) -> DecodeError {
+pub(crate) fn short(what: &'static str, len: usize) -> DecodeError {
     DecodeError::Malformed { what, len }
 }
 
@@ -399,6 +404,8 @@ pub struct Inline {
     /// CRC-32C of `bytes` (the stored bytes). Version-2 records store it; for a version-1
     /// record, which has none, it is computed when the record is decoded.
     pub crc: u32,
+    /// The dictionary the bytes were compressed with (0 = none; format version 3).
+    pub dict: u16,
     pub bytes: Vec<u8>,
 }
 
@@ -411,8 +418,15 @@ impl Inline {
             level,
             raw_len,
             crc: crc32c::crc32c(&bytes),
+            dict: 0,
             bytes,
         }
+    }
+
+    /// The same, compressed with dictionary `dict`.
+    pub fn with_dict(mut self, dict: u16) -> Inline {
+        self.dict = dict;
+        self
     }
 }
 
@@ -449,8 +463,8 @@ const HAS_RDEV: u8 = 1;
 const HAS_DIR: u8 = 2;
 const HAS_DISK: u8 = 4;
 const HAS_INLINE: u8 = 8;
-/// Length of the inline-data header of a version-2 record (codec, level, reserved u16,
-/// raw length u32, CRC-32C u32).
+/// Length of the inline-data header of a version-2 record (codec, level, dictionary id u16
+/// (format version 3; reserved, 0, before), raw length u32, CRC-32C u32).
 const INLINE_V2_HEAD: usize = 12;
 
 fn put_ts(b: &mut Vec<u8>, t: Timestamp) {
@@ -511,7 +525,7 @@ impl InodeRec {
         if let Some(i) = &self.inline {
             b.push(i.codec);
             b.push(i.level as u8);
-            b.extend_from_slice(&[0u8; 2]);
+            b.extend_from_slice(&i.dict.to_le_bytes());
             b.extend_from_slice(&i.raw_len.to_le_bytes());
             b.extend_from_slice(&i.crc.to_le_bytes());
             b.extend_from_slice(&i.bytes);
@@ -573,7 +587,6 @@ impl InodeRec {
             if Algorithm::from_id(b[h]).is_none() {
                 return Err(DecodeError::BadInlineCodec(b[h]));
             }
-            check_reserved("inode", b, h + 2..h + 4)?;
             let raw_len = u32_at(b, h + 4);
             check_lengths("inline", raw_len as usize, b.len() - o)?;
             let i = Inline {
@@ -581,6 +594,7 @@ impl InodeRec {
                 level: b[h + 1] as i8,
                 raw_len,
                 crc: u32_at(b, h + 8),
+                dict: u16_at(b, h + 2),
                 bytes: b[o..].to_vec(),
             };
             o = b.len();
@@ -791,6 +805,8 @@ pub struct ExtentRec {
     pub refs: u32,
     /// The inode whose map references it.
     pub ino: u64,
+    /// The dictionary the extent was compressed with (0 = none; format version 3).
+    pub dict: u16,
 }
 
 impl ExtentRec {
@@ -806,6 +822,7 @@ impl ExtentRec {
         b[20..24].copy_from_slice(&self.raw_len.to_le_bytes());
         b[24] = self.codec;
         b[25] = self.level as u8;
+        b[26..28].copy_from_slice(&self.dict.to_le_bytes());
         b[28..32].copy_from_slice(&self.crc.to_le_bytes());
         b[32..36].copy_from_slice(&self.refs.to_le_bytes());
         b[36..44].copy_from_slice(&self.ino.to_le_bytes());
@@ -815,7 +832,6 @@ impl ExtentRec {
         if b.len() != 44 {
             return Err(short("extent", b.len()));
         }
-        check_reserved("extent", b, 26..28)?;
         check_lengths("extent", u32_at(b, 20) as usize, u32_at(b, 16) as usize)?;
         Ok(ExtentRec {
             segment: u64_at(b, 0),
@@ -827,73 +843,17 @@ impl ExtentRec {
             crc: u32_at(b, 28),
             refs: u32_at(b, 32),
             ino: u64_at(b, 36),
+            dict: u16_at(b, 26),
         })
     }
 }
 
-/// A segment record (value of the `segments` table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SegmentRec {
-    /// Committed length: end of the last extent a committed transaction references.
-    pub len: u64,
-    /// Footprint (header + stored bytes) of the live extents.
-    pub live: u64,
-}
-
-impl SegmentRec {
-    pub fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[0..8].copy_from_slice(&self.len.to_le_bytes());
-        b[8..16].copy_from_slice(&self.live.to_le_bytes());
-        b
-    }
-    pub fn decode(b: &[u8]) -> Result<SegmentRec, DecodeError> {
-        if b.len() != 16 {
-            return Err(short("segment", b.len()));
-        }
-        Ok(SegmentRec {
-            len: u64_at(b, 0),
-            live: u64_at(b, 8),
-        })
-    }
-}
-
-/// Per-codec counters (value of the `stats` table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatRec {
-    pub extents: u64,
-    pub disk: u64,
-    pub uncompressed: u64,
-    pub referenced: u64,
-}
-
-impl StatRec {
-    pub fn encode(&self) -> [u8; 32] {
-        let mut b = [0u8; 32];
-        b[0..8].copy_from_slice(&self.extents.to_le_bytes());
-        b[8..16].copy_from_slice(&self.disk.to_le_bytes());
-        b[16..24].copy_from_slice(&self.uncompressed.to_le_bytes());
-        b[24..32].copy_from_slice(&self.referenced.to_le_bytes());
-        b
-    }
-    pub fn decode(b: &[u8]) -> Result<StatRec, DecodeError> {
-        if b.len() != 32 {
-            return Err(short("stats", b.len()));
-        }
-        Ok(StatRec {
-            extents: u64_at(b, 0),
-            disk: u64_at(b, 8),
-            uncompressed: u64_at(b, 16),
-            referenced: u64_at(b, 24),
-        })
-    }
-}
-
-/// Key of the `stats` table row that counts inline data.
-pub const STAT_INLINE: u8 = 0xff;
-
+mod dict;
 mod prealloc;
+mod segment;
+pub use dict::DictRec;
 pub use prealloc::PreallocRec;
+pub use segment::{SegmentRec, StatRec, STAT_INLINE};
 
 #[cfg(test)]
 mod tests;

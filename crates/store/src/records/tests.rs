@@ -37,6 +37,7 @@ fn extent_header_round_trip_and_damage() {
         ino: 5,
         file_offset: 1 << 40,
         crc: 0xdeadbeef,
+        dict: 7,
     };
     let b = h.encode();
     assert_eq!(ExtentHeader::decode(&b).unwrap(), h);
@@ -94,6 +95,7 @@ fn decoders_give_typed_errors() {
         crc: 0,
         refs: 1,
         ino: 2,
+        dict: 0,
     };
     assert!(matches!(
         ExtentRec::decode(&x.encode()),
@@ -205,6 +207,7 @@ fn records_round_trip_and_reject_garbage() {
         crc: 4,
         refs: 2,
         ino: 8,
+        dict: 513,
     };
     assert_eq!(ExtentRec::decode(&e.encode()).unwrap(), e);
     assert!(ExtentRec::decode(&[0; 43]).is_err());
@@ -350,9 +353,9 @@ mod props {
         fn extent_records_round_trip_within_bounds(
             segment in any::<u64>(), seg_offset in any::<u64>(), stored_len in 0u32..=MAX_STORED as u32,
             raw_len in 0u32..=MAX_EXTENT as u32, codec in any::<u8>(), level in any::<i8>(), crc in any::<u32>(),
-            refs in any::<u32>(), ino in any::<u64>(),
+            refs in any::<u32>(), ino in any::<u64>(), dict in any::<u16>(),
         ) {
-            let x = ExtentRec { segment, seg_offset, stored_len, raw_len, codec, level, crc, refs, ino };
+            let x = ExtentRec { segment, seg_offset, stored_len, raw_len, codec, level, crc, refs, ino, dict };
             prop_assert_eq!(ExtentRec::decode(&x.encode()).unwrap(), x);
             let mut big = x.encode();
             big[20..24].copy_from_slice(&(MAX_EXTENT as u32 + 1).to_le_bytes());
@@ -363,9 +366,9 @@ mod props {
         fn extent_headers_detect_every_bit_flip(
             raw_len in 0u32..=MAX_EXTENT as u32, stored_len in 0u32..=MAX_EXTENT as u32, id in any::<u64>(),
             ino in any::<u64>(), file_offset in any::<u64>(), crc in any::<u32>(),
-            at in 0..EXT_HEADER_LEN, bit in 0u8..8,
+            at in 0..EXT_HEADER_LEN, bit in 0u8..8, dict in any::<u16>(),
         ) {
-            let h = ExtentHeader { codec: 1, level: 3, raw_len, stored_len, id, ino, file_offset, crc };
+            let h = ExtentHeader { codec: 1, level: 3, raw_len, stored_len, id, ino, file_offset, crc, dict };
             let mut b = h.encode();
             prop_assert_eq!(ExtentHeader::decode(&b).unwrap(), h);
             b[at] ^= 1 << bit;
