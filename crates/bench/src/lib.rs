@@ -13,7 +13,8 @@
 //! * [`blk`]: `compfs blk` against kernel zram and nbdkit's memory plugin;
 //! * [`heuristic`]: the "compress this extent?" heuristic against real outcomes;
 //! * [`recompress`]: `compfs defrag -c zstd:9` of a corpus written at zstd:1 against writing
-//!   at zstd:9 directly.
+//!   at zstd:9 directly;
+//! * [`extsize`]: ratio against cold 4 KiB random-read IOPS per `compfs.extent_size`.
 //!
 //! Shared parts: [`corpus`] (the one corpus unpacker and file readers), [`fio`] (the one fio
 //! runner) and [`plot`] (every SVG). Temporary directories come from `tempfile` and are removed
@@ -26,6 +27,7 @@ pub mod bonnie;
 pub mod codecs;
 pub mod corpus;
 mod error;
+pub mod extsize;
 pub mod fio;
 pub mod fs;
 pub mod heuristic;

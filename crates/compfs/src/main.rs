@@ -67,6 +67,8 @@ enum BenchCommand {
     /// Recompression: the corpus written at zstd:1, then defrag -c zstd:9, against writing at
     /// zstd:9 directly (ratio, throughput, second identical run).
     Recompress(compfs_bench::recompress::Args),
+    /// Extent size: ratio and cold 4 KiB random-read IOPS per compfs.extent_size, on a mount.
+    Extsize(compfs_bench::extsize::Args),
 }
 
 /// `compfs bench …`: the harness lives in the compfs-bench library.
@@ -79,6 +81,7 @@ fn bench(b: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Store(a) => compfs_bench::store::run(a),
         BenchCommand::Heuristic(a) => compfs_bench::heuristic::run(a),
         BenchCommand::Recompress(a) => compfs_bench::recompress::run(a),
+        BenchCommand::Extsize(a) => compfs_bench::extsize::run(a),
     }?;
     Ok(ExitCode::SUCCESS)
 }

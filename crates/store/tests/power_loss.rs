@@ -231,6 +231,9 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                     let c = CODECS[rng.below(CODECS.len())];
                     s.set_compression(a.ino, Some(spec(c))).unwrap();
                 }
+                if rng.below(3) == 0 {
+                    set_extent_size(&s, a.ino, &mut rng);
+                }
             }
             // Writes: overwrites, appends, small (inline) and large.
             10..=39 => {
@@ -351,6 +354,12 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                 let Some((_, ino)) = pick(&mut rng) else {
                     continue;
                 };
+                if rng.below(5) == 0 {
+                    // The store's own property (not in the model): the file's extent size
+                    // changes, from its next buffer on.
+                    set_extent_size(&s, ino, &mut rng);
+                    continue;
+                }
                 let mut x = m.cur_xattrs(ino);
                 let key = format!("user.k{}", rng.below(4)).into_bytes();
                 if rng.below(4) == 0 && x.contains_key(&key) {
@@ -757,4 +766,11 @@ fn power_loss() {
             "no image had meta.redb at a non-durable commit"
         );
     }
+}
+
+/// Sets a file's `compfs.extent_size` to one of a few sizes other than the store's, or clears it.
+fn set_extent_size(s: &Store, ino: Ino, rng: &mut compfs_testdata::Rng) {
+    let v = ["4K", "8K", "64K", ""][rng.below(4)];
+    s.setxattr(ino, b"compfs.extent_size", v.as_bytes(), XattrSet::Any)
+        .unwrap();
 }
