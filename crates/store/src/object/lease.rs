@@ -332,17 +332,6 @@ pub fn acquire(remote: Arc<Remote>, o: &LeaseOptions) -> Result<Lease> {
     let url = remote.url.to_string();
     let timeout_ms = o.timeout.as_millis().min(u32::MAX as u128) as u32;
     let my_boot = boot_id();
-    let me = |renewals: u32| LeaseRecord {
-        state: LeaseState::Held,
-        pid: std::process::id(),
-        mount_id: [0; 16],
-        boot_id: my_boot,
-        taken_ms: 0,
-        expires_ms: 0,
-        timeout_ms,
-        renewals,
-        host: host_name(),
-    };
     let mount_id = crate::open::random_uuid()?;
     // A few rounds: a conditional PUT that loses a race re-reads the lease and decides anew.
     for _ in 0..4 {
@@ -362,11 +351,7 @@ pub fn acquire(remote: Arc<Remote>, o: &LeaseOptions) -> Result<Lease> {
                         tracing::warn!("compfs: store {url}: replacing a damaged lease ({e})");
                     }
                     Ok(r) if r.state == LeaseState::Released => {}
-                    Ok(r)
-                        if r.boot_id == my_boot
-                            && my_boot != [0; 16]
-                            && !pid_alive(r.pid) =>
-                    {
+                    Ok(r) if r.boot_id == my_boot && my_boot != [0; 16] && !pid_alive(r.pid) => {
                         tracing::warn!(
                             "compfs: store {url}: taking over the lease of {}, a mount of this \
                              machine that ended without releasing it",
@@ -405,10 +390,18 @@ pub fn acquire(remote: Arc<Remote>, o: &LeaseOptions) -> Result<Lease> {
                 Some(ver)
             }
         };
-        let mut rec = me(0);
-        rec.mount_id = mount_id;
-        rec.taken_ms = now_ms();
-        rec.expires_ms = rec.taken_ms + u64::from(timeout_ms);
+        let taken_ms = now_ms();
+        let rec = LeaseRecord {
+            state: LeaseState::Held,
+            pid: std::process::id(),
+            mount_id,
+            boot_id: my_boot,
+            taken_ms,
+            expires_ms: taken_ms + u64::from(timeout_ms),
+            timeout_ms,
+            renewals: 0,
+            host: host_name(),
+        };
         let sent = Instant::now();
         let bytes = rec.encode();
         let ver = match remote.put_cond(LEASE_KEY, bytes.clone(), over)? {
@@ -503,7 +496,10 @@ fn renew(sh: &Shared, state: LeaseState) -> io::Result<()> {
         now
     };
     let bytes = rec.encode();
-    let ver = match sh.remote.put_cond(LEASE_KEY, bytes.clone(), Some(cur.1.clone()))? {
+    let ver = match sh
+        .remote
+        .put_cond(LEASE_KEY, bytes.clone(), Some(cur.1.clone()))?
+    {
         CondPut::Done(v) => v,
         CondPut::Conflict => match sh.remote.get_versioned(LEASE_KEY)? {
             Some((b, v)) if b == bytes => v,
