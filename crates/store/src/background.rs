@@ -58,12 +58,13 @@ fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Durati
         inner.trim_bufs();
         // A store in a bucket also commits when its metadata snapshot is due for upload
         // (`metadata_interval`), even if nothing changed locally since the last commit.
+        let unseen = *lock(&inner.changed);
         let due = lock(&inner.last_durable).elapsed() >= Duration::from_secs(5)
             || inner
                 .tuning
                 .after_durable
                 .as_ref()
-                .is_some_and(|h| h.upload_due(*lock(&inner.changed)));
+                .is_some_and(|h| h.upload_due(unseen));
         if due {
             if let Err(e) = inner.commit_durable_periodic() {
                 tracing::error!("compfs background commit failed: {e}");

@@ -132,8 +132,8 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
         xattr::get(&a.mountpoint, REMOTE_XATTR).map_err(|e| not_compfs(&a.mountpoint, &e))?;
     if a.remote && remote.is_none() {
         bail!(
-            "{} is a mount of a store on a local disk: --remote applies to stores in a bucket \
-             (s3://…)",
+            "{} has no metadata snapshot to upload: --remote applies to read-write mounts of \
+             stores in a bucket (s3://…)",
             a.mountpoint.display()
         );
     }

@@ -44,6 +44,10 @@ pub struct FsckArgs {
 pub struct GcArgs {
     /// The store directory (not in use by a mount).
     pub store: PathBuf,
+    /// A store in a bucket: take over the lease of a mount that expired without being
+    /// released (an unexpired lease is never taken).
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn spec(s: &str) -> Result<CodecSpec> {
@@ -182,11 +186,16 @@ fn print_report(name: &str, r: &compfs_store::FsckReport) -> ExitCode {
 
 pub fn gc(a: GcArgs) -> Result<ExitCode> {
     let r = if let Some(url) = super::s3::url_of(&a.store)? {
-        let h = super::s3::open(&url, &super::s3::default_options(), &OpenOptions::default())?;
+        let mut o = super::s3::default_options();
+        o.lease.force = a.force;
+        let h = super::s3::open(&url, &o, &OpenOptions::default())?;
         let r = h.store.gc().map_err(|e| anyhow::anyhow!("{e}"))?;
         h.close()?;
         r
     } else {
+        if a.force {
+            anyhow::bail!("--force applies to stores in a bucket (s3://…) only");
+        }
         let s =
             Store::open(&a.store, &OpenOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
         let r = s.gc().map_err(|e| anyhow::anyhow!("{e}"))?;

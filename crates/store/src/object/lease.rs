@@ -332,17 +332,6 @@ pub fn acquire(remote: Arc<Remote>, o: &LeaseOptions) -> Result<Lease> {
     let url = remote.url.to_string();
     let timeout_ms = o.timeout.as_millis().min(u32::MAX as u128) as u32;
     let my_boot = boot_id();
-    let me = |renewals: u32| LeaseRecord {
-        state: LeaseState::Held,
-        pid: std::process::id(),
-        mount_id: [0; 16],
-        boot_id: my_boot,
-        taken_ms: 0,
-        expires_ms: 0,
-        timeout_ms,
-        renewals,
-        host: host_name(),
-    };
     let mount_id = crate::open::random_uuid()?;
     // A few rounds: a conditional PUT that loses a race re-reads the lease and decides anew.
     for _ in 0..4 {
@@ -401,10 +390,18 @@ pub fn acquire(remote: Arc<Remote>, o: &LeaseOptions) -> Result<Lease> {
                 Some(ver)
             }
         };
-        let mut rec = me(0);
-        rec.mount_id = mount_id;
-        rec.taken_ms = now_ms();
-        rec.expires_ms = rec.taken_ms + u64::from(timeout_ms);
+        let taken_ms = now_ms();
+        let rec = LeaseRecord {
+            state: LeaseState::Held,
+            pid: std::process::id(),
+            mount_id,
+            boot_id: my_boot,
+            taken_ms,
+            expires_ms: taken_ms + u64::from(timeout_ms),
+            timeout_ms,
+            renewals: 0,
+            host: host_name(),
+        };
         let sent = Instant::now();
         let bytes = rec.encode();
         let ver = match remote.put_cond(LEASE_KEY, bytes.clone(), over)? {

@@ -282,7 +282,12 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
         return Err(Error::AlreadyExists(PathBuf::from(url.to_string())));
     }
     // No mkfs under a running mount: the lease, released when this function returns.
-    let lease = lease::acquire(remote.clone(), &o.lease)?;
+    // `mkfs --force` replaces the store, so it also takes over an expired lease.
+    let lo = lease::LeaseOptions {
+        force: o.lease.force || opts.force,
+        ..o.lease
+    };
+    let lease = lease::acquire(remote.clone(), &lo)?;
     remote.set_gate(lease.gate());
     if has_sb {
         remote.delete(SUPERBLOCK_KEY)?;
