@@ -55,6 +55,11 @@ fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Durati
             continue;
         }
         inner.trim_bufs();
+        // An idle batch of namespace changes gets committed (non-durably) here at the latest.
+        if let Err(e) = inner.commit_held() {
+            tracing::error!("compfs background commit failed: {e}");
+            continue;
+        }
         let due = lock(&inner.last_durable).elapsed() >= Duration::from_secs(5);
         if due {
             if let Err(e) = inner.commit_durable() {

@@ -5,7 +5,6 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use compfs_codec::{ExtentOutcome, ExtentPolicy, RawReason};
-use redb::ReadableDatabase;
 
 use crate::error::{Error, Result};
 use crate::file::Dirty;
@@ -259,7 +258,7 @@ impl Inner {
         if !parts.is_empty() {
             let mut promote = Vec::new();
             {
-                let txn = self.db.begin_read()?;
+                let txn = self.read_txn()?;
                 let rec = inode_in(&txn, ino)?;
                 let map = txn.open_table(meta::EXTMAP)?;
                 for &b in &parts {

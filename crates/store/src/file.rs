@@ -6,13 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use compfs_codec::{CodecSpec, ExtentPolicy};
-use redb::ReadableDatabase;
 
 use crate::encode::trim_out_bufs;
 use crate::error::{Error, Result};
 use crate::flush::Pending;
-use crate::meta::{self};
-use crate::read::inode_in;
 use crate::records::InodeRec;
 use crate::span;
 use crate::store::{lock, Inner};
@@ -133,8 +130,7 @@ impl Inner {
     }
 
     pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {
-        let txn = self.db.begin_read()?;
-        inode_in(&txn, ino)
+        self.with_meta(|m| m.inode(ino))
     }
 
     /// The codec policy for `ino`: its `compfs.compression` property, else the default.
@@ -144,10 +140,8 @@ impl Inner {
             .read()
             .map(|p| *p)
             .unwrap_or((self.sb.codec, self.sb.mode));
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(meta::XATTRS)?;
-        let spec = match t.get((ino, COMPRESSION_XATTR))? {
-            Some(v) => std::str::from_utf8(v.value())
+        let spec = match self.with_meta(|m| m.xattr(ino, COMPRESSION_XATTR))? {
+            Some(v) => std::str::from_utf8(&v)
                 .ok()
                 .and_then(|s| CodecSpec::parse(s).ok())
                 .map(|p| p.spec)
@@ -213,7 +207,7 @@ impl Inner {
         let mut v = self.take_buf(!overwritten);
         if !whole && b * e < d.base_size {
             let _g = self.seg_barrier.read();
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             self.read_persisted(&txn, ino, b * e, &mut v)?;
         }
         match d.partial.remove(&b) {

@@ -254,6 +254,8 @@ impl Inner {
         results: Vec<EncodedBlock>,
     ) -> Result<()> {
         let staged = self.stage_encoded(ino, results)?;
+        // Not batched: the file's buffer is dropped once this returns, so its commit must
+        // have happened (a lost batch would leave reads without the data).
         let res = self.write(durable, |w| {
             self.apply_flush(w, ino, meta, &staged)?;
             self.put_next_extent(w)?;

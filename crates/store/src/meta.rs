@@ -2,7 +2,7 @@
 //! reference counts, per-segment live bytes and per-codec statistics change together with the
 //! extent map in one transaction.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -71,6 +71,9 @@ pub(crate) struct W<'t> {
     pub reserve_delta: i64,
     /// Extents freed in this transaction (the caller drops them from the cache after commit).
     pub freed: Vec<u64>,
+    /// Whether a table was opened for changes: a body that fails after that may have changed
+    /// the transaction (see `Inner::write_batched`).
+    touched: Cell<bool>,
 }
 
 /// `name()` opens (once) and reads table `name`; `name_mut()` opens it for changes.
@@ -88,6 +91,7 @@ macro_rules! tables {
             }
 
             pub(crate) fn $name_mut(&mut self) -> Result<&mut Table<'t, $k, $v>> {
+                self.touched.set(true);
                 if self.$name.get().is_none() {
                     let t = self.txn.open_table($def)?;
                     let _ = self.$name.set(t);
@@ -119,7 +123,13 @@ impl<'t> W<'t> {
             prealloc: OnceCell::new(),
             reserve_delta: 0,
             freed: Vec::new(),
+            touched: Cell::new(false),
         })
+    }
+
+    /// Whether a table was opened for changes in this `W`.
+    pub(crate) fn touched(&self) -> bool {
+        self.touched.get()
     }
 
     /// Opens (and so creates) every table: a new store must have them all for readers.

@@ -146,6 +146,9 @@ pub(crate) struct Inner {
     pub last_durable: Mutex<Instant>,
     /// Attribute changes not yet in the metadata, written by the next commit (see `attrs`).
     pub patches: Mutex<Patches>,
+    /// The open batch of namespace changes (see `txn`): a redb write transaction holding
+    /// changes not yet committed. Every metadata write transaction runs under this lock.
+    pub held: Mutex<Option<crate::txn::Held>>,
     /// Queue of the writeback thread: small files flushed after their last close.
     pub writeback: Mutex<Option<std::sync::mpsc::Sender<Ino>>>,
     /// Preallocated ranges' total and the host space held for them (see `prealloc`).
@@ -355,6 +358,7 @@ impl Store {
             next_extent: AtomicU64::new(next_extent),
             gc_lock: Mutex::new(()),
             last_durable: Mutex::new(Instant::now()),
+            held: Mutex::new(None),
             patches: Mutex::new(Patches::default()),
             writeback: Mutex::new(None),
             reserve,
@@ -428,6 +432,8 @@ impl Store {
                 .flush_all(false)
                 .and_then(|_| self.inner.commit_durable())
         };
+        // A batch left (latched read-only, or the final commit failed) is dropped: aborted.
+        drop(lock(&self.inner.held).take());
         self.inner.pool.shutdown();
         self.inner.bg.shutdown_pool();
         if r.is_ok() && !self.inner.read_only_open && !self.inner.ro_flag.load(Ordering::SeqCst) {
@@ -472,7 +478,7 @@ impl Store {
             return Err(Error::Io(std::io::Error::last_os_error()));
         }
         let used_inodes = {
-            let txn = self.inner.db.begin_read()?;
+            let txn = self.inner.read_txn()?;
             txn.open_table(meta::INODES)?.len()?
         };
         Ok(StatFs {
