@@ -254,9 +254,9 @@ impl Inner {
         results: Vec<EncodedBlock>,
     ) -> Result<()> {
         let staged = self.stage_encoded(ino, results)?;
-        // Not batched: the file's buffer is dropped once this returns, so its commit must
-        // have happened (a lost batch would leave reads without the data).
-        let res = self.write(durable, |w| {
+        // Committed with the held batch, at once: the file's buffer is dropped once this
+        // returns, so its commit must have happened.
+        let res = self.write_joined(durable, |w| {
             self.apply_flush(w, ino, meta, &staged)?;
             self.put_next_extent(w)?;
             Ok(std::mem::take(&mut w.freed))

@@ -64,6 +64,9 @@ pub struct Tuning {
     pub dirty_limit: usize,
     /// Dirty extent-sized blocks of one file that trigger its flush.
     pub flush_blocks: usize,
+    /// Namespace changes the held batch takes before it is committed (see `txn`); 1 commits
+    /// every change at once (as before batching: benchmarks compare the two).
+    pub batch_ops: u32,
     /// Called after every durable commit with redb's write lock held (stores in a bucket
     /// upload their metadata snapshot there; see [`crate::object`]).
     pub after_durable: Option<Arc<dyn crate::object::DurableHook>>,
@@ -95,6 +98,7 @@ impl Default for Tuning {
             gc_min_garbage: 64 << 20,
             dirty_limit: 64 << 20,
             flush_blocks: 24,
+            batch_ops: crate::txn::BATCH_OPS,
             after_durable: None,
         }
     }

@@ -28,7 +28,7 @@ use crate::records::{DirentRec, InodeRec};
 use crate::store::{lock, Inner};
 use crate::types::Ino;
 
-/// Changes a held batch takes before the next one commits it.
+/// Changes a held batch takes before it is committed (the default of `Tuning::batch_ops`).
 pub(crate) const BATCH_OPS: u32 = 256;
 /// Age of a held batch at which the next change commits it (an idle batch is committed by the
 /// flusher's next tick, by any other transaction or by a read that does not look into it).
@@ -259,6 +259,68 @@ impl Inner {
         Ok(out)
     }
 
+    /// Runs `body` in the held batch (or a transaction of its own when there is none) and
+    /// commits it (durably when `durable`): one commit for the batch and this change. For
+    /// flushes, whose bodies only fail on storage errors: a file's buffer is dropped after its
+    /// flush returns, so the flush must have committed. Errors as in [`Inner::write_batched`].
+    pub(crate) fn write_joined<T>(
+        &self,
+        durable: bool,
+        body: impl FnOnce(&mut W<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut held = lock(&self.held);
+        if self.ro_flag.load(Ordering::SeqCst) {
+            held.take();
+        }
+        self.bg.note_txn();
+        let (txn, ops, since) = match held.take() {
+            Some(h) => (h.txn, h.ops, h.since),
+            None => (self.begin()?, 0, Instant::now()),
+        };
+        let (res, touched, reserve_delta) = {
+            let mut w = W::open(&txn).map_err(|e| self.fail(e))?;
+            let _b = InBody::enter();
+            let res = body(&mut w);
+            (res, w.touched(), w.reserve_delta)
+        };
+        match res {
+            Ok(out) => {
+                self.commit(txn, durable)?;
+                drop(held);
+                self.settle(reserve_delta);
+                Ok(out)
+            }
+            Err(e) => Err(self.failed_in_batch(&mut held, txn, ops, since, touched, e)),
+        }
+    }
+
+    /// A batched body failed with `e`: keeps the batch when nothing changed and the error
+    /// only refuses the operation, else drops it and latches read-only.
+    fn failed_in_batch(
+        &self,
+        held: &mut Option<Held>,
+        txn: WriteTransaction,
+        ops: u32,
+        since: Instant,
+        touched: bool,
+        e: Error,
+    ) -> Error {
+        if e.is_storage() {
+            drop(txn);
+            return self.fail(e);
+        }
+        if touched {
+            drop(txn);
+            return self.fail(Error::Io(std::io::Error::other(format!(
+                "an operation failed ({e}) after changing a batched transaction"
+            ))));
+        }
+        if ops > 0 {
+            *held = Some(Held { txn, ops, since });
+        }
+        e
+    }
+
     /// Runs `body` in the held batch (opening one if there is none); the batch is committed
     /// (non-durably) once it holds [`BATCH_OPS`] changes or is [`BATCH_AGE`] old.
     ///
@@ -289,7 +351,10 @@ impl Inner {
         match res {
             Ok(out) => {
                 let ops = ops + 1;
-                if reserve_delta != 0 || ops >= BATCH_OPS || since.elapsed() >= BATCH_AGE {
+                if reserve_delta != 0
+                    || ops >= self.tuning.batch_ops
+                    || since.elapsed() >= BATCH_AGE
+                {
                     self.commit(txn, false)?;
                     drop(held);
                     self.settle(reserve_delta);
@@ -298,22 +363,7 @@ impl Inner {
                 }
                 Ok(out)
             }
-            Err(e) if e.is_storage() => {
-                drop(txn);
-                Err(self.fail(e))
-            }
-            Err(e) if touched => {
-                drop(txn);
-                Err(self.fail(Error::Io(std::io::Error::other(format!(
-                    "an operation failed ({e}) after changing a batched transaction"
-                )))))
-            }
-            Err(e) => {
-                if ops > 0 {
-                    *held = Some(Held { txn, ops, since });
-                }
-                Err(e)
-            }
+            Err(e) => Err(self.failed_in_batch(&mut held, txn, ops, since, touched, e)),
         }
     }
 

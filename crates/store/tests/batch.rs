@@ -131,3 +131,68 @@ fn a_crash_loses_the_batch_and_nothing_durable() {
     assert_eq!(names(&c, ROOT_INO), ["a", "b", "c"]);
     assert_eq!(read_all(&c, b).unwrap(), b"maybe");
 }
+
+/// What batching saves per file on the store API: the requests an untar sends per file
+/// (negative lookup, create, three attribute changes, getattr, write, release), 8,000 files
+/// in one directory, with every change committed at once (`batch_ops: 1`, as before
+/// batching) and batched, alternating. Run with
+/// `cargo test --release -p compfs-store --test batch -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing, run by hand"]
+fn untar_like_timing() {
+    let data = pattern(6000, 1);
+    let mut res: Vec<(u32, f64)> = Vec::new();
+    for round in 0..3 {
+        for batch_ops in [1u32, 256] {
+            let t = tempfile::tempdir().unwrap();
+            let tun = Tuning {
+                batch_ops,
+                flush_interval: Some(std::time::Duration::from_secs(2)),
+                ..tuning()
+            };
+            let s = create(t.path(), 131072, tun);
+            let start = std::time::Instant::now();
+            for i in 0..8000 {
+                let name = format!("file{i}");
+                assert!(s.lookup(ROOT_INO, name.as_bytes()).is_err());
+                let a = s
+                    .mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+                    .unwrap();
+                s.open_file(a.ino).unwrap();
+                for set in [
+                    SetAttr {
+                        uid: Some(1),
+                        gid: Some(1),
+                        ..SetAttr::default()
+                    },
+                    SetAttr {
+                        mode: Some(0o600),
+                        ..SetAttr::default()
+                    },
+                    SetAttr {
+                        mtime: Some(TimeOrNow::Now),
+                        ..SetAttr::default()
+                    },
+                ] {
+                    s.setattr(a.ino, &set).unwrap();
+                }
+                s.write(a.ino, 0, &data).unwrap();
+                s.release(a.ino).unwrap();
+                s.getattr(a.ino).unwrap();
+            }
+            s.sync().unwrap();
+            let us = start.elapsed().as_secs_f64() * 1e6 / 8000.0;
+            eprintln!("round {round} batch_ops {batch_ops}: {us:.1} µs per file");
+            res.push((batch_ops, us));
+            s.close().unwrap();
+        }
+    }
+    for b in [1u32, 256] {
+        let mut v: Vec<f64> = res.iter().filter(|r| r.0 == b).map(|r| r.1).collect();
+        v.sort_by(f64::total_cmp);
+        eprintln!(
+            "batch_ops {b}: median {:.1} µs per file ({v:.1?})",
+            v[v.len() / 2]
+        );
+    }
+}
