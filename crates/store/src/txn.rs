@@ -11,9 +11,10 @@
 //! listings and xattr reads of the FUSE hot path read through the held batch instead
 //! ([`Inner::with_meta`]), so every change is visible to them as soon as its call returns. A
 //! crash loses what the batch holds exactly as it loses non-durable commits (redb recovers to
-//! the last durable commit either way). Flushes are not batched: a file's buffered data is
-//! dropped after its flush, so that flush must have committed (a batch lost to a storage
-//! error would otherwise leave the file without its data until a reopen).
+//! the last durable commit either way). Flushes run in the batch and commit it at once
+//! ([`Inner::write_joined`]): a file's buffered data is dropped after its flush, so that flush
+//! must have committed (a batch lost to a storage error would otherwise leave the file without
+//! its data until a reopen).
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
