@@ -56,6 +56,11 @@ fn flusher_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>, iv: Durati
         }
         inner.dict_maintain();
         inner.trim_bufs();
+        // An idle batch of namespace changes gets committed (non-durably) here at the latest.
+        if let Err(e) = inner.commit_held() {
+            tracing::error!("compfs background commit failed: {e}");
+            continue;
+        }
         // A store in a bucket also commits when its metadata snapshot is due for upload
         // (`metadata_interval`), even if nothing changed locally since the last commit.
         let unseen = *lock(&inner.changed);

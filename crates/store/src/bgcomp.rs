@@ -31,7 +31,7 @@ use std::sync::{Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use compfs_codec::{CodecSpec, Mode};
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::defrag::{DefragRun, DefragTarget};
 use crate::error::Result;
@@ -252,7 +252,7 @@ impl Inner {
     /// Every regular file with a background target and extents off it (settled files
     /// excepted), in inode order.
     fn scan(&self, pol: &BackgroundPolicy) -> Result<Vec<Candidate>> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let inodes = txn.open_table(meta::INODES)?;
         let xattrs = txn.open_table(meta::XATTRS)?;
         let map = txn.open_table(meta::EXTMAP)?;

@@ -20,7 +20,6 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use compfs_codec::{CodecSpec, ExtentPolicy, Mode};
-use redb::ReadableDatabase;
 
 use crate::encode::{encode_block, EncodeJob, EncodedBlock, Out};
 use crate::error::{Error, Result};
@@ -340,7 +339,7 @@ impl Inner {
         // file's policy anyway).
         let (blocks, e): (Vec<u64>, u64) = inner.with_file(ino, |st| {
             inner.flush_locked(ino, st, false)?;
-            let txn = inner.db.begin_read()?;
+            let txn = inner.read_txn()?;
             let rec = inode_in(&txn, ino)?;
             if rec.kind != FileKind::File {
                 return Err(kind_error(rec.kind));
@@ -372,7 +371,7 @@ impl Inner {
                     inner.flush_locked(ino, st, false)?;
                 }
                 let _g = inner.seg_barrier.read();
-                let txn = inner.db.begin_read()?;
+                let txn = inner.read_txn()?;
                 let rec = inode_in(&txn, ino)?;
                 let now = inner.blocks_now(&txn, ino, &rec, first..=last, e)?;
                 let inline_ok = rec.size <= inner.inline_limit(e);
@@ -484,7 +483,7 @@ impl Inner {
                 return Ok(());
             }
             let now = {
-                let txn = inner.db.begin_read()?;
+                let txn = inner.read_txn()?;
                 inner.blocks_now(&txn, ino, &rec, first..=last, e)?
             };
             results.retain(|en| {

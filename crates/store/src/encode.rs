@@ -5,7 +5,6 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use compfs_codec::{worth_it, ExtentOutcome, ExtentPolicy, RawReason};
-use redb::ReadableDatabase;
 
 use crate::dict::{dict_applies, DictCtx};
 use crate::error::{Error, Result};
@@ -322,7 +321,7 @@ impl Inner {
         if !parts.is_empty() {
             let mut promote = Vec::new();
             {
-                let txn = self.db.begin_read()?;
+                let txn = self.read_txn()?;
                 let rec = inode_in(&txn, ino)?;
                 let map = txn.open_table(meta::EXTMAP)?;
                 for &b in &parts {

@@ -6,12 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use compfs_codec::{CodecSpec, ExtentPolicy};
-use redb::ReadableDatabase;
 
 use crate::encode::trim_out_bufs;
 use crate::error::{Error, Result};
 use crate::flush::Pending;
-use crate::meta::{self};
+use crate::meta;
 use crate::read::inode_in;
 use crate::records::InodeRec;
 use crate::span;
@@ -137,8 +136,7 @@ impl Inner {
     }
 
     pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {
-        let txn = self.db.begin_read()?;
-        inode_in(&txn, ino)
+        self.with_meta(|m| m.inode(ino))
     }
 
     /// The codec policy for `ino`: its `compfs.compression` property, else the default.
@@ -148,10 +146,8 @@ impl Inner {
             .read()
             .map(|p| *p)
             .unwrap_or((self.sb.codec, self.sb.mode));
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(meta::XATTRS)?;
-        let spec = match t.get((ino, COMPRESSION_XATTR))? {
-            Some(v) => std::str::from_utf8(v.value())
+        let spec = match self.with_meta(|m| m.xattr(ino, COMPRESSION_XATTR))? {
+            Some(v) => std::str::from_utf8(&v)
                 .ok()
                 .and_then(|s| CodecSpec::parse(s).ok())
                 .map(|p| p.spec)
@@ -168,7 +164,7 @@ impl Inner {
     /// The extent size of `ino`: its `compfs.extent_size` property, else the store's. A
     /// damaged property value counts as absent.
     pub(crate) fn file_extent_size(&self, ino: Ino) -> Result<u64> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         self.file_extent_size_in(&txn, ino)
     }
 
@@ -205,7 +201,7 @@ impl Inner {
         st: &'a mut FileState,
     ) -> Result<&'a mut Dirty> {
         if st.dirty.is_none() {
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             let rec = inode_in(&txn, ino)?;
             if rec.kind != FileKind::File {
                 return Err(kind_error(rec.kind));
@@ -255,7 +251,7 @@ impl Inner {
         let mut v = self.take_buf(e as usize, !overwritten);
         if !whole && b * e < d.base_size {
             let _g = self.seg_barrier.read();
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             self.read_persisted(&txn, ino, b * e, &mut v)?;
         }
         match d.partial.remove(&b) {

@@ -3,8 +3,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use redb::ReadableDatabase;
-
 use crate::error::{Error, Result};
 use crate::file::{kind_error, FileState, Partial};
 use crate::meta::{self, dec};
@@ -201,7 +199,7 @@ impl Inner {
     /// Data regions of a file in the committed metadata: (start, end) pairs in order, and
     /// the size.
     pub(crate) fn committed_regions(&self, ino: Ino) -> Result<(Vec<(u64, u64)>, u64)> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let rec = inode_in(&txn, ino)?;
         if rec.kind != FileKind::File {
             return Err(kind_error(rec.kind));

@@ -260,7 +260,9 @@ impl Inner {
         results: Vec<EncodedBlock>,
     ) -> Result<()> {
         let staged = self.stage_encoded(ino, meta.block, results)?;
-        let res = self.write(durable, |w| {
+        // Committed with the held batch, at once: the file's buffer is dropped once this
+        // returns, so its commit must have happened.
+        let res = self.write_joined(durable, |w| {
             self.apply_flush(w, ino, meta, &staged)?;
             self.put_next_extent(w)?;
             Ok(std::mem::take(&mut w.freed))

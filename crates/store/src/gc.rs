@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::error::Result;
 use crate::meta::{self, dec};
@@ -18,7 +18,7 @@ use crate::types::GcReport;
 
 impl Inner {
     fn segment_table(&self) -> Result<BTreeMap<u64, SegmentRec>> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let t = txn.open_table(meta::SEGMENTS)?;
         let mut m = BTreeMap::new();
         for r in t.iter()? {
@@ -130,7 +130,7 @@ impl Inner {
     /// Moves the live extents of segment `victim`; deletes it when nothing live is left.
     fn compact_segment(&self, victim: u64) -> Result<(u64, u64, bool)> {
         let list: Vec<(u64, ExtentRec)> = {
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             let idx = txn.open_table(meta::SEG_EXTENTS)?;
             let ext = txn.open_table(meta::EXTENTS)?;
             let mut v = Vec::new();
@@ -213,7 +213,7 @@ impl Inner {
         }
         // Drop the segment when no live extent is left in it.
         let empty = {
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             let idx = txn.open_table(meta::SEG_EXTENTS)?;
             let mut left = idx.range((victim, 0)..=(victim, u64::MAX))?;
             left.next().is_none()

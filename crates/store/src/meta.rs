@@ -2,7 +2,7 @@
 //! reference counts, per-segment live bytes and per-codec statistics change together with the
 //! extent map in one transaction.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -74,6 +74,9 @@ pub(crate) struct W<'t> {
     pub reserve_delta: i64,
     /// Extents freed in this transaction (the caller drops them from the cache after commit).
     pub freed: Vec<u64>,
+    /// Whether a table was opened for changes: a body that fails after that may have changed
+    /// the transaction (see `Inner::write_batched`).
+    touched: Cell<bool>,
 }
 
 /// `name()` opens (once) and reads table `name`; `name_mut()` opens it for changes.
@@ -91,6 +94,7 @@ macro_rules! tables {
             }
 
             pub(crate) fn $name_mut(&mut self) -> Result<&mut Table<'t, $k, $v>> {
+                self.touched.set(true);
                 if self.$name.get().is_none() {
                     let t = self.txn.open_table($def)?;
                     let _ = self.$name.set(t);
@@ -123,7 +127,13 @@ impl<'t> W<'t> {
             dicts: OnceCell::new(),
             reserve_delta: 0,
             freed: Vec::new(),
+            touched: Cell::new(false),
         })
+    }
+
+    /// Whether a table was opened for changes in this `W`.
+    pub(crate) fn touched(&self) -> bool {
+        self.touched.get()
     }
 
     /// Opens (and so creates) every table: a new store must have them all for readers.

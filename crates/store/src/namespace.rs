@@ -1,16 +1,15 @@
 //! Namespace operations: lookup, attributes, creation, links, rename, directories, xattrs,
-//! open/release. Each change is one metadata transaction.
+//! open/release. Each change runs in the held batch of metadata changes (see `txn`).
 
 use std::sync::atomic::Ordering;
 
 use compfs_codec::CodecSpec;
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::attrs::AttrPatch;
 use crate::error::{Error, Result};
-use crate::meta::{self, dec, W};
-use crate::read::inode_in;
-use crate::records::{DirentRec, InodeRec};
+use crate::meta::{self, W};
+use crate::records::InodeRec;
 use crate::store::{lock, Inner, Store};
 use crate::types::*;
 
@@ -143,7 +142,7 @@ impl Inner {
         if is_dot(name) {
             return Err(Error::Exists);
         }
-        self.write(false, |w| {
+        self.write_batched(|w| {
             let mut p = w.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(Error::NotDir);
@@ -203,24 +202,22 @@ impl Store {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let ino = {
-            let txn = self.inner.db.begin_read()?;
-            let p = inode_in(&txn, parent)?;
+        let ino = self.inner.with_meta(|m| {
+            let p = m.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(Error::NotDir);
             }
             if name == b"." {
-                parent
+                Ok(parent)
             } else if name == b".." {
-                p.parent
+                Ok(p.parent)
             } else {
-                let t = txn.open_table(meta::DIRENTS)?;
-                match t.get((parent, name))? {
-                    Some(v) => dec(DirentRec::decode(v.value()))?.ino,
-                    None => return Err(Error::NotFound),
+                match m.dirent(parent, name)? {
+                    Some(de) => Ok(de.ino),
+                    None => Err(Error::NotFound),
                 }
             }
-        };
+        })?;
         self.inner.attr(ino)
     }
 
@@ -342,7 +339,7 @@ impl Store {
         if is_dot(new_name) {
             return Err(Error::Exists);
         }
-        inner.write(false, |w| {
+        inner.write_batched(|w| {
             let mut r = w.inode(ino)?;
             if r.kind == FileKind::Dir {
                 return Err(Error::NotPermitted("hard links to directories".into()));
@@ -393,7 +390,7 @@ impl Store {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        inner.write(false, |w| {
+        inner.write_batched(|w| {
             let mut p = w.inode(parent)?;
             if p.kind != FileKind::Dir {
                 return Err(Error::NotDir);
@@ -445,7 +442,7 @@ impl Store {
                 "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
             ));
         }
-        inner.write(false, |w| {
+        inner.write_batched(|w| {
             let now = Timestamp::now();
             for d in [parent, new_parent] {
                 if w.inode(d)?.kind != FileKind::Dir {
@@ -573,62 +570,46 @@ impl Store {
     /// Lists a directory from cookie `offset` (0 = start), at most `max` entries, "." and ".."
     /// included. Cookies stay valid across concurrent changes.
     pub fn readdir(&self, dir: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let txn = self.inner.db.begin_read()?;
-        let d = inode_in(&txn, dir)?;
-        if d.kind != FileKind::Dir {
-            return Err(Error::NotDir);
-        }
-        let mut out = Vec::new();
-        if offset == 0 && out.len() < max {
-            out.push(DirEntry {
-                ino: dir,
-                kind: FileKind::Dir,
-                name: b".".to_vec(),
-                offset: 1,
-            });
-        }
-        if offset <= 1 && out.len() < max {
-            out.push(DirEntry {
-                ino: d.parent,
-                kind: FileKind::Dir,
-                name: b"..".to_vec(),
-                offset: 2,
-            });
-        }
-        let idx = txn.open_table(meta::DIRINDEX)?;
-        let ents = txn.open_table(meta::DIRENTS)?;
-        let from = offset.saturating_sub(2);
-        for r in idx.range((dir, from)..=(dir, u64::MAX))? {
-            if out.len() >= max {
-                break;
+        self.inner.with_meta(|m| {
+            let d = m.inode(dir)?;
+            if d.kind != FileKind::Dir {
+                return Err(Error::NotDir);
             }
-            let (k, name) = r?;
-            let seq = k.value().1;
-            let name = name.value().to_vec();
-            let de = match ents.get((dir, name.as_slice()))? {
-                Some(v) => dec(DirentRec::decode(v.value()))?,
-                None => {
-                    return Err(meta::corrupt(format!(
-                        "directory index of {dir} names a missing entry"
-                    )))
-                }
-            };
-            out.push(DirEntry {
-                ino: de.ino,
-                kind: de.kind,
-                name,
-                offset: seq + 3,
-            });
-        }
-        Ok(out)
+            let mut out = Vec::new();
+            if offset == 0 && out.len() < max {
+                out.push(DirEntry {
+                    ino: dir,
+                    kind: FileKind::Dir,
+                    name: b".".to_vec(),
+                    offset: 1,
+                });
+            }
+            if offset <= 1 && out.len() < max {
+                out.push(DirEntry {
+                    ino: d.parent,
+                    kind: FileKind::Dir,
+                    name: b"..".to_vec(),
+                    offset: 2,
+                });
+            }
+            let from = offset.saturating_sub(2);
+            for (seq, name, de) in m.dir_entries(dir, from, max - out.len())? {
+                out.push(DirEntry {
+                    ino: de.ino,
+                    kind: de.kind,
+                    name,
+                    offset: seq + 3,
+                });
+            }
+            Ok(out)
+        })
     }
 
     /// The cookie past every entry `dir` holds now: an entry added or renamed later gets a
     /// cookie at or beyond it. A reader that stops there sees each entry at most once however
     /// entries are renamed meanwhile (as btrfs bounds readdir by the last index at opendir).
     pub fn dir_end_cookie(&self, dir: Ino) -> Result<u64> {
-        let txn = self.inner.db.begin_read()?;
-        let d = inode_in(&txn, dir)?;
+        let d = self.inner.inode(dir)?;
         if d.kind != FileKind::Dir {
             return Err(Error::NotDir);
         }
@@ -662,11 +643,7 @@ impl Store {
             if st.open > 0 {
                 return Ok(false);
             }
-            let orphan = {
-                let txn = inner.db.begin_read()?;
-                let t = txn.open_table(meta::ORPHANS)?;
-                t.get(ino)?.is_some()
-            };
+            let orphan = inner.with_meta(|m| m.is_orphan(ino))?;
             if orphan {
                 if let Some(d) = st.dirty.take() {
                     inner.dirty_bytes.fetch_sub(
@@ -675,7 +652,7 @@ impl Store {
                     );
                 }
                 if inner.check_writable().is_ok() {
-                    inner.write(false, |w| {
+                    inner.write_batched(|w| {
                         match w.free_inode(ino) {
                             Ok(()) | Err(Error::NotFound) => {}
                             Err(e) => return Err(e),
@@ -698,13 +675,10 @@ impl Store {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        let txn = self.inner.db.begin_read()?;
-        inode_in(&txn, ino)?;
-        let t = txn.open_table(meta::XATTRS)?;
-        match t.get((ino, name))? {
-            Some(v) => Ok(v.value().to_vec()),
-            None => Err(Error::NoXattr),
-        }
+        self.inner.with_meta(|m| {
+            m.inode(ino)?;
+            m.xattr(ino, name)?.ok_or(Error::NoXattr)
+        })
     }
 
     /// Sets an xattr. `compfs.compression` and `compfs.background_compression` take a codec
@@ -754,7 +728,7 @@ impl Store {
                 value = format_extent_size(n).into_bytes();
             }
         }
-        inner.write(false, |w| {
+        inner.write_batched(|w| {
             let mut r = w.inode(ino)?;
             let exists = w.xattrs()?.get((ino, name))?.is_some();
             match how {
@@ -774,24 +748,22 @@ impl Store {
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let txn = self.inner.db.begin_read()?;
-        inode_in(&txn, ino)?;
-        let t = txn.open_table(meta::XATTRS)?;
-        let mut v = Vec::new();
-        for r in t.range((ino, &[][..])..(ino + 1, &[][..]))? {
-            v.push(r?.0.value().1.to_vec());
-        }
-        Ok(v)
+        self.inner.with_meta(|m| {
+            m.inode(ino)?;
+            m.xattr_names(ino)
+        })
     }
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
-        inner.write(false, |w| {
+        inner.write_batched(|w| {
             let mut r = w.inode(ino)?;
-            if w.xattrs_mut()?.remove((ino, name))?.is_none() {
+            // Checked before the change (see `Inner::write_batched`).
+            if w.xattrs()?.get((ino, name))?.is_none() {
                 return Err(Error::NoXattr);
             }
+            w.xattrs_mut()?.remove((ino, name))?;
             r.ctime = Timestamp::now();
             w.put_inode(ino, &r)?;
             Ok(())

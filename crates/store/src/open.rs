@@ -214,7 +214,7 @@ pub(crate) fn check_identity(dir: &Path, db: &Database, sb: &Superblock) -> Resu
 impl Inner {
     pub(crate) fn free_orphans(&self) -> Result<()> {
         let orphans: Vec<u64> = {
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             let t = txn.open_table(meta::ORPHANS)?;
             t.iter()?
                 .map(|r| r.map(|(k, _)| k.value()))

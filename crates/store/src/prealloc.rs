@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableError};
+use redb::{ReadTransaction, ReadableTable, TableError};
 
 use crate::error::{Error, Result};
 use crate::meta::{self, dec, W};
@@ -320,7 +320,7 @@ impl Inner {
         if !self.any_reserved() {
             return Ok(0);
         }
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         Ok(ranges_in(&txn, ino)?.iter().map(|(a, b)| b - a).sum())
     }
 
@@ -338,7 +338,7 @@ impl Inner {
             return Ok(None);
         }
         let ranges = {
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             ranges_in(&txn, ino)?
         };
         let n: u64 = written.iter().map(|&(s, e)| overlap(&ranges, s, e)).sum();
@@ -367,7 +367,7 @@ impl Inner {
         end: u64,
     ) -> Result<u64> {
         let have = {
-            let txn = self.db.begin_read()?;
+            let txn = self.read_txn()?;
             ranges_in(&txn, ino)?
         };
         let taken = union(data, &have);

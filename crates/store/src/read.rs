@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use compfs_codec::{Algorithm, Decompressor, Dictionary};
-use redb::{ReadTransaction, ReadableDatabase};
+use redb::ReadTransaction;
 
 use crate::dict::StoreDict;
 use crate::error::{Error, Result};
@@ -217,7 +217,7 @@ fn read_dirty(inner: &Inner, ino: Ino, d: &Dirty, offset: u64, buf: &mut [u8]) -
             // Persisted bytes (one snapshot for the whole read), then any partial writes.
             if persisted.is_none() {
                 let g = inner.seg_barrier.read().unwrap_or_else(|p| p.into_inner());
-                let txn = inner.db.begin_read()?;
+                let txn = inner.read_txn()?;
                 persisted = Some((g, txn));
             }
             if let Some((_, txn)) = &persisted {
@@ -440,7 +440,7 @@ impl Store {
             }
         }
         let _g = inner.seg_barrier.read();
-        let txn = inner.db.begin_read()?;
+        let txn = inner.read_txn()?;
         let rec = inode_in(&txn, ino)?;
         if rec.kind != FileKind::File {
             return Err(kind_error(rec.kind));

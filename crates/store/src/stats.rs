@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use compfs_codec::Algorithm;
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::error::Result;
 use crate::meta::{self, dec};
@@ -58,7 +58,7 @@ impl Inner {
                 s.extents_compressed.insert(a.name().to_string(), n);
             }
         }
-        if let Ok(txn) = self.db.begin_read() {
+        if let Ok(txn) = self.read_txn() {
             if let Ok(t) = txn.open_table(meta::STATS) {
                 if let Ok(it) = t.iter() {
                     for (k, v) in it.flatten() {
@@ -120,7 +120,7 @@ impl Store {
     /// counted once.
     pub fn usage(&self, inos: &[Ino]) -> Result<Usage> {
         self.inner.flush_all(false)?;
-        let txn = self.inner.db.begin_read()?;
+        let txn = self.inner.read_txn()?;
         let dirents = txn.open_table(meta::DIRENTS)?;
         let map = txn.open_table(meta::EXTMAP)?;
         let extents = txn.open_table(meta::EXTENTS)?;

@@ -64,6 +64,9 @@ pub struct Tuning {
     pub dirty_limit: usize,
     /// Dirty extent-sized blocks of one file that trigger its flush.
     pub flush_blocks: usize,
+    /// Namespace changes the held batch takes before it is committed (see `txn`); 1 commits
+    /// every change at once (as before batching: benchmarks compare the two).
+    pub batch_ops: u32,
     /// Called after every durable commit with redb's write lock held (stores in a bucket
     /// upload their metadata snapshot there; see [`crate::object`]).
     pub after_durable: Option<Arc<dyn crate::object::DurableHook>>,
@@ -95,6 +98,7 @@ impl Default for Tuning {
             gc_min_garbage: 64 << 20,
             dirty_limit: 64 << 20,
             flush_blocks: 24,
+            batch_ops: crate::txn::BATCH_OPS,
             after_durable: None,
         }
     }
@@ -149,6 +153,9 @@ pub(crate) struct Inner {
     pub changed: Mutex<Option<Instant>>,
     /// Attribute changes not yet in the metadata, written by the next commit (see `attrs`).
     pub patches: Mutex<Patches>,
+    /// The open batch of namespace changes (see `txn`): a redb write transaction holding
+    /// changes not yet committed. Every metadata write transaction runs under this lock.
+    pub held: Mutex<Option<crate::txn::Held>>,
     /// Queue of the writeback thread: small files flushed after their last close.
     pub writeback: Mutex<Option<std::sync::mpsc::Sender<Ino>>>,
     /// Preallocated ranges' total and the host space held for them (see `prealloc`).
@@ -367,6 +374,7 @@ impl Store {
             gc_lock: Mutex::new(()),
             last_durable: Mutex::new(Instant::now()),
             changed: Mutex::new(None),
+            held: Mutex::new(None),
             patches: Mutex::new(Patches::default()),
             writeback: Mutex::new(None),
             reserve,
@@ -445,6 +453,8 @@ impl Store {
                 .flush_all(false)
                 .and_then(|_| self.inner.commit_durable())
         };
+        // A batch left (latched read-only, or the final commit failed) is dropped: aborted.
+        drop(lock(&self.inner.held).take());
         self.inner.pool.shutdown();
         self.inner.bg.shutdown_pool();
         if r.is_ok() && !self.inner.read_only_open && !self.inner.ro_flag.load(Ordering::SeqCst) {
@@ -489,7 +499,7 @@ impl Store {
             return Err(Error::Io(std::io::Error::last_os_error()));
         }
         let used_inodes = {
-            let txn = self.inner.db.begin_read()?;
+            let txn = self.inner.read_txn()?;
             txn.open_table(meta::INODES)?.len()?
         };
         Ok(StatFs {

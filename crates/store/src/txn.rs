@@ -1,17 +1,158 @@
 //! Metadata transactions and the read-only latch: the crash-safety core. Every change to the
-//! metadata goes through [`Inner::write`] (or [`Inner::begin`] + [`Inner::commit`]); a durable
-//! commit syncs every segment with unsynced bytes first, so durable metadata never references
-//! unsynced data; any failed write, sync or commit latches the store read-only.
+//! metadata goes through [`Inner::write`] or [`Inner::write_batched`]; a durable commit syncs
+//! every segment with unsynced bytes first, so durable metadata never references unsynced
+//! data; any failed write, sync or commit latches the store read-only.
+//!
+//! **Batches.** Namespace operations do not commit a transaction each:
+//! [`Inner::write_batched`] runs them in one open redb write transaction (the *held batch*),
+//! committed non-durably once it holds [`BATCH_OPS`] changes or is [`BATCH_AGE`] old, and
+//! always before any other transaction (a durable commit, GC, ...) and before any read that
+//! does not look into it ([`Inner::read_txn`]). The lookups, attribute reads, directory
+//! listings and xattr reads of the FUSE hot path read through the held batch instead
+//! ([`Inner::with_meta`]), so every change is visible to them as soon as its call returns. A
+//! crash loses what the batch holds exactly as it loses non-durable commits (redb recovers to
+//! the last durable commit either way). Flushes run in the batch and commit it at once
+//! ([`Inner::write_joined`]): a file's buffered data is dropped after its flush, so that flush
+//! must have committed (a batch lost to a storage error would otherwise leave the file without
+//! its data until a reopen).
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use redb::Durability;
+use redb::{Durability, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 
 use crate::attrs::write_patches;
 use crate::error::{Error, Result};
-use crate::meta::W;
+use crate::meta::{self, dec, W};
+use crate::records::{DirentRec, InodeRec};
 use crate::store::{lock, Inner};
+use crate::types::Ino;
+
+/// Changes a held batch takes before it is committed (the default of `Tuning::batch_ops`).
+pub(crate) const BATCH_OPS: u32 = 256;
+/// Age of a held batch at which the next change commits it (an idle batch is committed by the
+/// flusher's next tick, by any other transaction or by a read that does not look into it).
+pub(crate) const BATCH_AGE: Duration = Duration::from_millis(20);
+
+/// The held batch: an open write transaction with changes not yet committed.
+pub(crate) struct Held {
+    txn: WriteTransaction,
+    ops: u32,
+    since: Instant,
+}
+
+thread_local! {
+    /// Set while this thread runs a transaction body (which holds the batch lock).
+    static IN_BODY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as inside a transaction body until dropped.
+struct InBody;
+
+impl InBody {
+    fn enter() -> InBody {
+        IN_BODY.with(|b| b.set(true));
+        InBody
+    }
+}
+
+impl Drop for InBody {
+    fn drop(&mut self) {
+        IN_BODY.with(|b| b.set(false));
+    }
+}
+
+fn in_body() -> bool {
+    IN_BODY.with(|b| b.get())
+}
+
+/// What a hot-path read sees: the held batch, or a read snapshot when there is none.
+pub(crate) enum MetaTxn<'a> {
+    Read(ReadTransaction),
+    Held(&'a WriteTransaction),
+}
+
+/// Runs `$body` with `$t` bound to table `$def` opened in either kind of [`MetaTxn`].
+macro_rules! on_table {
+    ($m:expr, $def:expr, |$t:ident| $body:expr) => {
+        match $m {
+            MetaTxn::Read(txn) => {
+                let $t = txn.open_table($def)?;
+                let r = $body;
+                r
+            }
+            MetaTxn::Held(txn) => {
+                let $t = txn.open_table($def)?;
+                let r = $body;
+                r
+            }
+        }
+    };
+}
+
+impl MetaTxn<'_> {
+    pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {
+        on_table!(self, meta::INODES, |t| match t.get(ino)? {
+            Some(v) => dec(InodeRec::decode(v.value())),
+            None => Err(Error::NotFound),
+        })
+    }
+
+    pub(crate) fn dirent(&self, dir: Ino, name: &[u8]) -> Result<Option<DirentRec>> {
+        on_table!(self, meta::DIRENTS, |t| match t.get((dir, name))? {
+            Some(v) => Ok(Some(dec(DirentRec::decode(v.value()))?)),
+            None => Ok(None),
+        })
+    }
+
+    pub(crate) fn xattr(&self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        on_table!(self, meta::XATTRS, |t| Ok(t
+            .get((ino, name))?
+            .map(|v| v.value().to_vec())))
+    }
+
+    pub(crate) fn xattr_names(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        on_table!(self, meta::XATTRS, |t| {
+            let mut v = Vec::new();
+            for r in t.range((ino, &[][..])..(ino + 1, &[][..]))? {
+                v.push(r?.0.value().1.to_vec());
+            }
+            Ok(v)
+        })
+    }
+
+    pub(crate) fn is_orphan(&self, ino: Ino) -> Result<bool> {
+        on_table!(self, meta::ORPHANS, |t| Ok(t.get(ino)?.is_some()))
+    }
+
+    /// Up to `max` entries of `dir` from sequence number `from`: (sequence, name, entry).
+    pub(crate) fn dir_entries(
+        &self,
+        dir: Ino,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>, DirentRec)>> {
+        on_table!(self, meta::DIRINDEX, |idx| {
+            let mut out = Vec::new();
+            for r in idx.range((dir, from)..=(dir, u64::MAX))? {
+                if out.len() >= max {
+                    break;
+                }
+                let (k, name) = r?;
+                out.push((k.value().1, name.value().to_vec()));
+            }
+            let mut full = Vec::with_capacity(out.len());
+            for (seq, name) in out {
+                let de = self.dirent(dir, &name)?.ok_or_else(|| {
+                    meta::corrupt(format!("directory index of {dir} names a missing entry"))
+                })?;
+                full.push((seq, name, de));
+            }
+            Ok(full)
+        })
+    }
+}
 
 impl Inner {
     /// Fails with [`Error::ReadOnly`] if the store takes no more changes.
@@ -43,19 +184,60 @@ impl Inner {
         e
     }
 
-    /// Starts a write transaction with non-durable commit semantics.
-    fn begin(&self, durable: bool) -> Result<redb::WriteTransaction> {
+    /// Starts a write transaction.
+    fn begin(&self) -> Result<WriteTransaction> {
         let mut txn = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
-        txn.set_durability(if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })
-        .map_err(|e| self.fail(e.into()))?;
+        txn.set_durability(Durability::None)
+            .map_err(|e| self.fail(e.into()))?;
         Ok(txn)
     }
 
-    /// Runs `body` in a write transaction and commits it (durably when `durable`).
+    /// Commits the held batch, if any (the caller holds the batch lock). On a store already
+    /// latched read-only the batch is dropped instead: nothing further is written.
+    fn commit_held_locked(&self, held: &mut Option<Held>) -> Result<()> {
+        let Some(h) = held.take() else {
+            return Ok(());
+        };
+        if self.ro_flag.load(Ordering::SeqCst) {
+            drop(h);
+            return Ok(());
+        }
+        self.commit(h.txn, false, false)
+    }
+
+    /// Commits the held batch, if any.
+    pub(crate) fn commit_held(&self) -> Result<()> {
+        let mut held = lock(&self.held);
+        self.commit_held_locked(&mut held)
+    }
+
+    /// A read snapshot of the committed metadata, after committing the held batch so that the
+    /// snapshot holds every change made so far. Inside a transaction body (which holds the
+    /// batch lock) it is a snapshot of what is committed.
+    pub(crate) fn read_txn(&self) -> Result<ReadTransaction> {
+        if !in_body() {
+            self.commit_held()?;
+        }
+        Ok(self.db.begin_read()?)
+    }
+
+    /// Runs a hot-path read `f` on the held batch when there is one (under the batch lock),
+    /// else on a read snapshot: either way it sees every change made so far.
+    pub(crate) fn with_meta<T>(&self, f: impl FnOnce(&MetaTxn<'_>) -> Result<T>) -> Result<T> {
+        if !in_body() {
+            let held = lock(&self.held);
+            if let Some(h) = held.as_ref() {
+                if !self.ro_flag.load(Ordering::SeqCst) {
+                    return f(&MetaTxn::Held(&h.txn));
+                }
+            }
+        }
+        let txn = self.db.begin_read()?;
+        f(&MetaTxn::Read(txn))
+    }
+
+    /// Runs `body` in a write transaction of its own and commits it (durably when `durable`),
+    /// after committing the held batch.
     ///
     /// A storage error inside the body (redb I/O, a full disk, damaged metadata) latches the
     /// store read-only exactly like a failed begin or commit, as btrfs aborts a transaction:
@@ -78,17 +260,131 @@ impl Inner {
         periodic: bool,
         body: impl FnOnce(&mut W<'_>) -> Result<T>,
     ) -> Result<T> {
+        let mut held = lock(&self.held);
+        self.commit_held_locked(&mut held)?;
         self.bg.note_txn();
-        let txn = self.begin(durable)?;
+        let txn = self.begin()?;
         let (out, reserve_delta) = {
             let mut w = W::open(&txn).map_err(|e| self.fail_storage(e))?;
+            let _b = InBody::enter();
             let out = body(&mut w).map_err(|e| self.fail_storage(e))?;
             (out, w.reserve_delta)
         };
         self.commit(txn, durable, periodic)?;
+        drop(held);
         // Preallocated bytes added or dropped: the reserve file follows (see `prealloc`).
         self.settle(reserve_delta);
         Ok(out)
+    }
+
+    /// Runs `body` in the held batch (or a transaction of its own when there is none) and
+    /// commits it (durably when `durable`): one commit for the batch and this change. For
+    /// flushes, whose bodies only fail on storage errors: a file's buffer is dropped after its
+    /// flush returns, so the flush must have committed. Errors as in [`Inner::write_batched`].
+    pub(crate) fn write_joined<T>(
+        &self,
+        durable: bool,
+        body: impl FnOnce(&mut W<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.note_change();
+        let mut held = lock(&self.held);
+        if self.ro_flag.load(Ordering::SeqCst) {
+            held.take();
+        }
+        self.bg.note_txn();
+        let (txn, ops, since) = match held.take() {
+            Some(h) => (h.txn, h.ops, h.since),
+            None => (self.begin()?, 0, Instant::now()),
+        };
+        let (res, touched, reserve_delta) = {
+            let mut w = W::open(&txn).map_err(|e| self.fail(e))?;
+            let _b = InBody::enter();
+            let res = body(&mut w);
+            (res, w.touched(), w.reserve_delta)
+        };
+        match res {
+            Ok(out) => {
+                self.commit(txn, durable, false)?;
+                drop(held);
+                self.settle(reserve_delta);
+                Ok(out)
+            }
+            Err(e) => Err(self.failed_in_batch(&mut held, txn, ops, since, touched, e)),
+        }
+    }
+
+    /// A batched body failed with `e`: keeps the batch when nothing changed and the error
+    /// only refuses the operation, else drops it and latches read-only.
+    fn failed_in_batch(
+        &self,
+        held: &mut Option<Held>,
+        txn: WriteTransaction,
+        ops: u32,
+        since: Instant,
+        touched: bool,
+        e: Error,
+    ) -> Error {
+        if e.is_storage() {
+            drop(txn);
+            return self.fail(e);
+        }
+        if touched {
+            drop(txn);
+            return self.fail(Error::Io(std::io::Error::other(format!(
+                "an operation failed ({e}) after changing a batched transaction"
+            ))));
+        }
+        if ops > 0 {
+            *held = Some(Held { txn, ops, since });
+        }
+        e
+    }
+
+    /// Runs `body` in the held batch (opening one if there is none); the batch is committed
+    /// (non-durably) once it holds [`BATCH_OPS`] changes or is [`BATCH_AGE`] old.
+    ///
+    /// Bodies run here must check before they change anything: a body that fails with an
+    /// error that only refuses the operation must leave the transaction unchanged, since the
+    /// batch it is part of is committed anyway. One that fails after opening a table for
+    /// changes cannot be told apart from one that changed it: the batch is dropped and the
+    /// store latched read-only, so that a half-done operation is never committed. Storage
+    /// errors latch read-only as in [`Inner::write`]; either way the batch's changes are lost,
+    /// as a power cut would lose them.
+    pub(crate) fn write_batched<T>(&self, body: impl FnOnce(&mut W<'_>) -> Result<T>) -> Result<T> {
+        self.note_change();
+        let mut held = lock(&self.held);
+        if self.ro_flag.load(Ordering::SeqCst) {
+            // Latched meanwhile: drop the batch, nothing further is written.
+            held.take();
+        }
+        self.bg.note_txn();
+        let (txn, ops, since) = match held.take() {
+            Some(h) => (h.txn, h.ops, h.since),
+            None => (self.begin()?, 0, Instant::now()),
+        };
+        let (res, touched, reserve_delta) = {
+            let mut w = W::open(&txn).map_err(|e| self.fail(e))?;
+            let _b = InBody::enter();
+            let res = body(&mut w);
+            (res, w.touched(), w.reserve_delta)
+        };
+        match res {
+            Ok(out) => {
+                let ops = ops + 1;
+                if reserve_delta != 0
+                    || ops >= self.tuning.batch_ops
+                    || since.elapsed() >= BATCH_AGE
+                {
+                    self.commit(txn, false, false)?;
+                    drop(held);
+                    self.settle(reserve_delta);
+                } else {
+                    *held = Some(Held { txn, ops, since });
+                }
+                Ok(out)
+            }
+            Err(e) => Err(self.failed_in_batch(&mut held, txn, ops, since, touched, e)),
+        }
     }
 
     /// Latches read-only when `e` is a storage error (see [`Error::is_storage`]).
@@ -111,10 +407,14 @@ impl Inner {
     /// `periodic`: the flusher's durable commit (see [`Inner::write_as`]).
     pub(crate) fn commit(
         &self,
-        txn: redb::WriteTransaction,
+        mut txn: WriteTransaction,
         durable: bool,
         periodic: bool,
     ) -> Result<()> {
+        if durable {
+            txn.set_durability(Durability::Immediate)
+                .map_err(|e| self.fail(e.into()))?;
+        }
         let pending = {
             let p = lock(&self.patches);
             if p.is_empty() {
@@ -150,14 +450,36 @@ impl Inner {
         Ok(())
     }
 
-    /// A durable (fsync'ing) commit: makes every earlier non-durable commit durable. Every
-    /// segment byte those commits reference was synced before they committed.
+    /// A durable (fsync'ing) commit: makes every earlier non-durable commit, and the held
+    /// batch, durable. Every segment byte those commits reference was synced before they
+    /// committed.
     pub(crate) fn commit_durable(&self) -> Result<()> {
-        self.write_as(true, false, |_| Ok(()))
+        self.commit_durable_as(false)
     }
 
     /// The flusher's periodic durable commit (see [`Inner::write_as`]).
     pub(crate) fn commit_durable_periodic(&self) -> Result<()> {
-        self.write_as(true, true, |_| Ok(()))
+        self.commit_durable_as(true)
+    }
+
+    fn commit_durable_as(&self, periodic: bool) -> Result<()> {
+        let mut held = lock(&self.held);
+        if self.ro_flag.load(Ordering::SeqCst) {
+            held.take();
+        }
+        self.bg.note_txn();
+        let txn = match held.take() {
+            Some(h) => h.txn,
+            None => self.begin()?,
+        };
+        self.commit(txn, true, periodic)
+    }
+}
+
+impl crate::store::Store {
+    /// Changes in the held batch, not yet committed (tests and diagnostics).
+    #[doc(hidden)]
+    pub fn batched_changes(&self) -> u32 {
+        lock(&self.inner.held).as_ref().map_or(0, |h| h.ops)
     }
 }

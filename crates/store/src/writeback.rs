@@ -198,7 +198,8 @@ impl Inner {
         if items.is_empty() {
             return Ok(());
         }
-        let res = self.write(false, |w| {
+        // One commit for the held batch of namespace changes and these flushes.
+        let res = self.write_joined(false, |w| {
             for it in &items {
                 // A file unlinked meanwhile: its data goes with it.
                 match w.inode(held[it.at].0) {

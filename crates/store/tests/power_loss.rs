@@ -136,6 +136,7 @@ fn store_tuning(seg: FaultBackend, meta: FaultBackend) -> Tuning {
         gc_min_garbage: 64 << 10,
         dirty_limit: 4 << 20,
         flush_blocks: 24,
+        batch_ops: Tuning::default().batch_ops,
         after_durable: None,
     }
 }
