@@ -98,12 +98,16 @@ pub fn run(a: DefragArgs) -> Result<ExitCode> {
         }
     }
     let mut plan = defrag_run::plan(&local, a.recursive)?;
+    // The leases of the stores in buckets: held until the run has closed the stores (their
+    // last durable commit uploads through the lease), released after.
+    let mut leases = Vec::new();
     for url in buckets {
         let h = super::s3::open(
             &url,
             &super::s3::default_options(),
             &compfs_store::OpenOptions::default(),
         )?;
+        leases.extend(h.lease);
         defrag_run::add_open_store(
             &mut plan,
             h.store,
@@ -146,6 +150,15 @@ pub fn run(a: DefragArgs) -> Result<ExitCode> {
     );
     if let Some(b) = &bar {
         b.finish_and_clear();
+    }
+    for l in leases {
+        if failures == 0 {
+            l.release()?;
+        } else {
+            // Something failed (perhaps the store's closing upload): the lease is left to
+            // expire, as after a failed unmount; a takeover is a decision for --force.
+            l.abandon();
+        }
     }
     print!("{}", summary(&total));
     if let Some(p) = &a.json {

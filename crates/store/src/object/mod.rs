@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The data cache's directory inside the cache directory.
+const DATA_CACHE_DIR: &str = "cache";
+
 pub use check::{fsck_bucket, BucketReport};
 pub use remote::{Remote, RemoteConfig, RemoteCounts, S3Url};
 pub use segments::ObjectBackend;
@@ -391,11 +394,25 @@ pub fn open(
         ));
     }
     let meta = cache_dir.join(crate::records::META_FILE);
-    if local_generation(&cache_dir, &sb.uuid) != Some(m.gen) || !meta.exists() {
+    let here = local_generation(&cache_dir, &sb.uuid);
+    if here.is_none() {
+        // The cache directory holds no snapshot of this store: it is new, or it served another
+        // store at the same bucket and prefix before (one made anew by mkfs --force, say),
+        // whose cached blocks have the same names as this store's. They are not this store's.
+        match std::fs::remove_dir_all(cache_dir.join(DATA_CACHE_DIR)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if here != Some(m.gen) || !meta.exists() {
         download(&remote, &m, &cache_dir)?;
     }
     let cache = if o.cache_size > 0 {
-        Some(BlockCache::open(&cache_dir.join("cache"), o.cache_size)?)
+        Some(BlockCache::open(
+            &cache_dir.join(DATA_CACHE_DIR),
+            o.cache_size,
+        )?)
     } else {
         None
     };
