@@ -75,7 +75,10 @@ fn small_files_compress_byte_by_byte_and_inline() {
     assert_eq!(fs::read(m.path("tiny.txt")).unwrap(), tiny);
     assert!(m.unmount().success());
     let sb = fs::read(store.join("compfs.super")).unwrap();
-    assert_eq!(u32::from_le_bytes(sb[8..12].try_into().unwrap()), 2);
+    assert_eq!(
+        u32::from_le_bytes(sb[8..12].try_into().unwrap()),
+        compfs_store::format::FORMAT_VERSION
+    );
     // A bad value of the option is refused in one line.
     let (ok, _, err) = compfs(&[
         "mount",
