@@ -34,6 +34,10 @@ pub trait SegFile: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     fn size(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// A hint that bytes `offset..offset + len` will be read soon: a backend that fetches
+    /// from far away starts fetching them in the background. Local files ignore it (the
+    /// kernel's own readahead serves them).
+    fn prefetch(&self, _offset: u64, _len: u64) {}
 }
 
 /// File operations on the segment directory.
@@ -45,6 +49,11 @@ pub trait Backend: Send + Sync {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// `fsync` of a directory, making creations and removals in it durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Whether [`SegFile::prefetch`] does anything: the store then tells it what a sequential
+    /// reader of a file will read next.
+    fn prefetches(&self) -> bool {
+        false
+    }
 }
 
 /// The real file system.
@@ -233,6 +242,9 @@ impl SegFile for WatchedFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
     }
+    fn prefetch(&self, offset: u64, len: u64) {
+        self.inner.prefetch(offset, len)
+    }
 }
 
 impl WatchedBackend {
@@ -256,6 +268,9 @@ impl Backend for WatchedBackend {
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         self.inner.sync_dir(path)
+    }
+    fn prefetches(&self) -> bool {
+        self.inner.prefetches()
     }
 }
 

@@ -49,6 +49,7 @@ mod open;
 mod pool;
 pub mod powercut;
 mod prealloc;
+mod prefetch;
 mod read;
 mod records;
 mod segment;

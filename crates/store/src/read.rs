@@ -450,6 +450,13 @@ impl Store {
         }
         let n = ((rec.size - offset).min(buf.len() as u64)) as usize;
         inner.read_persisted(&txn, ino, offset, &mut buf[..n])?;
+        if inner.tuning.backend.prefetches() {
+            if let Some((from, to)) = inner.prefetch.read(ino, offset, n as u64) {
+                if from < to.min(rec.size) {
+                    inner.prefetch_file(&txn, ino, from, to.min(rec.size));
+                }
+            }
+        }
         inner
             .counters
             .user_read

@@ -137,6 +137,8 @@ pub(crate) struct Inner {
     pub segsync: Mutex<Option<std::sync::mpsc::SyncSender<()>>>,
     pub seg_handles: Mutex<HashMap<u64, Arc<dyn SegFile>>>,
     pub cache: Mutex<Lru>,
+    /// Files' sequential read streams, for backends that fetch ahead.
+    pub prefetch: crate::prefetch::Tracker,
     /// Striped locks held while an extent is loaded into the cache, so that two threads
     /// missing on the same extent at once (FUSE reads of its two halves) decode it once.
     pub loading: Vec<Mutex<()>>,
@@ -365,6 +367,7 @@ impl Store {
             segsync: Mutex::new(None),
             seg_handles: Mutex::new(HashMap::new()),
             cache: Mutex::new(Lru::new(opts.cache_bytes)),
+            prefetch: crate::prefetch::Tracker::default(),
             loading: (0..LOAD_STRIPES).map(|_| Mutex::new(())).collect(),
             pool: Pool::new(opts.threads)?,
             counters: Counters::default(),

@@ -1,8 +1,10 @@
-//! Cold sequential reads from the bucket: which blocks to fetch ahead of a reader ([`plan`],
-//! pure) and the set of blocks being fetched ([`Inflight`]), so that a reader needing a block
-//! already on its way waits for it instead of sending a second GET.
+//! Cold sequential reads from the bucket: which blocks to fetch ahead of a reader ([`plan`]
+//! along a segment, [`blocks_in`] for a byte range the store names; both pure), the queue of
+//! blocks to fetch ahead ([`AheadQueue`]) and the set of blocks being fetched ([`Inflight`]),
+//! so that a reader needing a block already on its way waits for it instead of sending a
+//! second GET.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::blockcache::Key;
@@ -56,6 +58,99 @@ pub fn plan(
         nb += 1;
     }
     out
+}
+
+/// The blocks holding bytes `off..off + len` of a segment whose chunks (start -> length) are
+/// `chunks`, in order: (chunk start, chunk length, block index). Bytes in no chunk (not
+/// uploaded yet, or past the end) have no block.
+pub fn blocks_in(
+    chunks: &BTreeMap<u64, u64>,
+    off: u64,
+    len: u64,
+    block: u64,
+) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    let end = off.saturating_add(len);
+    if len == 0 || block == 0 {
+        return out;
+    }
+    let first = chunks.range(..=off).next_back().map_or(off, |(s, _)| *s);
+    for (&cs, &cl) in chunks.range(first..end) {
+        let ce = cs.saturating_add(cl);
+        if ce <= off || cl == 0 {
+            continue;
+        }
+        let lo = off.max(cs) - cs;
+        let hi = end.min(ce) - cs;
+        for b in lo / block..=(hi - 1) / block {
+            out.push((cs, cl, b));
+        }
+    }
+    out
+}
+
+/// A block to fetch ahead: its key and the length of its chunk.
+pub type Ahead = (Key, u64);
+
+/// Blocks queued at most; older requests go first when more arrive (the reader has moved on).
+pub const MAX_QUEUED: usize = 256;
+
+/// Blocks to fetch ahead of readers, taken in order by one worker at a time.
+#[derive(Default)]
+pub struct AheadQueue {
+    /// The blocks, and whether a worker is serving them.
+    q: Mutex<(VecDeque<Ahead>, bool)>,
+}
+
+impl AheadQueue {
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<Ahead>, bool)> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `items` (those queued already once). Returns whether the caller must start a
+    /// worker (none is running; it now counts as running).
+    pub fn push(&self, items: &[Ahead]) -> bool {
+        let mut g = self.lock();
+        for it in items {
+            if !g.0.iter().any(|q| q.0 == it.0) {
+                g.0.push_back(*it);
+            }
+        }
+        while g.0.len() > MAX_QUEUED {
+            g.0.pop_front();
+        }
+        let start = !g.1 && !g.0.is_empty();
+        if start {
+            g.1 = true;
+        }
+        start
+    }
+
+    /// Up to `n` blocks for the worker; none when the queue is empty, and the worker then
+    /// counts as stopped (a later [`AheadQueue::push`] starts another).
+    pub fn take(&self, n: usize) -> Vec<Ahead> {
+        let mut g = self.lock();
+        let k = n.min(g.0.len());
+        let out: Vec<Ahead> = g.0.drain(..k).collect();
+        if out.is_empty() {
+            g.1 = false;
+        }
+        out
+    }
+
+    /// The worker could not be started: the next push tries again.
+    pub fn abandon(&self) {
+        self.lock().1 = false;
+    }
+
+    /// Blocks queued now.
+    pub fn len(&self) -> usize {
+        self.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Blocks some thread is fetching now.
@@ -144,6 +239,71 @@ mod tests {
         assert_eq!(previous(&c, 25, 0, 10), Some((0, 2)));
         assert_eq!(previous(&c, 0, 0, 10), None);
         assert_eq!(previous(&c, 40, 0, 10), None, "after a gap");
+    }
+
+    #[test]
+    fn blocks_in_a_range_are_those_of_the_chunks_holding_it() {
+        let c = chunks(&[(0, 25), (25, 10), (40, 5)]);
+        assert_eq!(blocks_in(&c, 0, 1, 10), vec![(0, 25, 0)]);
+        assert_eq!(
+            blocks_in(&c, 9, 20, 10),
+            vec![(0, 25, 0), (0, 25, 1), (0, 25, 2), (25, 10, 0)]
+        );
+        assert_eq!(blocks_in(&c, 24, 2, 10), vec![(0, 25, 2), (25, 10, 0)]);
+        assert_eq!(blocks_in(&c, 35, 5, 10), vec![], "a gap holds no block");
+        assert_eq!(blocks_in(&c, 36, 100, 10), vec![(40, 5, 0)]);
+        assert_eq!(blocks_in(&c, 45, 100, 10), vec![], "past the end");
+        assert_eq!(blocks_in(&c, 3, 0, 10), vec![]);
+        assert_eq!(blocks_in(&c, u64::MAX - 1, u64::MAX, 10), vec![]);
+        assert_eq!(blocks_in(&BTreeMap::new(), 0, 100, 10), vec![]);
+    }
+
+    /// Against a model: every byte of the range that some chunk holds is in one listed block,
+    /// and every listed block holds some byte of the range.
+    #[test]
+    fn blocks_in_matches_a_byte_model() {
+        let c = chunks(&[(0, 7), (7, 13), (20, 3), (30, 11), (41, 1)]);
+        let block = 4;
+        for off in 0..45u64 {
+            for len in 0..20u64 {
+                let got = blocks_in(&c, off, len, block);
+                let mut want = Vec::new();
+                for x in off..off + len {
+                    if let Some((&cs, &cl)) = c.range(..=x).next_back() {
+                        if x < cs + cl {
+                            let k = (cs, cl, (x - cs) / block);
+                            if !want.contains(&k) {
+                                want.push(k);
+                            }
+                        }
+                    }
+                }
+                assert_eq!(got, want, "off {off} len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_queue_starts_one_worker_drops_the_oldest_and_stops_when_empty() {
+        let q = AheadQueue::default();
+        let a = |b: u64| ((1, 0, b), 100);
+        assert!(q.push(&[a(0), a(1)]), "the first push starts a worker");
+        assert!(!q.push(&[a(1), a(2)]), "one worker at a time");
+        assert_eq!(q.len(), 3, "a block is queued once");
+        assert_eq!(q.take(2), vec![a(0), a(1)]);
+        assert_eq!(q.take(2), vec![a(2)]);
+        assert_eq!(q.take(2), vec![], "empty: the worker stops");
+        assert!(q.push(&[a(3)]), "so the next push starts one again");
+        q.abandon();
+        assert!(
+            q.push(&[]),
+            "an abandoned worker is started by the next push"
+        );
+        let many: Vec<Ahead> = (0..MAX_QUEUED as u64 + 10).map(a).collect();
+        q.push(&many);
+        assert_eq!(q.len(), MAX_QUEUED);
+        assert_eq!(q.take(1), vec![a(10)], "the oldest went first");
+        assert!(!q.push(&[]), "a worker is running already");
     }
 
     #[test]

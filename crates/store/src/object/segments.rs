@@ -11,12 +11,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::blockcache::{BlockCache, BLOCK};
 use super::layout::{block_spans, chunk_key, contiguous_runs, parse_chunk_key};
-use super::readahead::{self, Inflight};
+use super::readahead::{self, Ahead, AheadQueue, Inflight};
 use super::remote::Remote;
 use crate::backend::{Backend, SegFile};
 use crate::records::{parse_segment_file_name, segment_file_name, SEG_HEADER_LEN};
@@ -53,32 +53,34 @@ pub(crate) struct Shared {
     pending_bytes: AtomicU64,
     /// Blocks being fetched (by a reader or a readahead).
     inflight: Inflight,
-    /// Readahead threads running.
-    ahead_running: AtomicUsize,
+    /// Blocks the store asked for ahead of a file's sequential reader ([`SegFile::prefetch`]).
+    ahead_q: AheadQueue,
     /// Appended bytes held in memory (not yet uploaded) above which a writer uploads them
     /// itself, and waits: the dirty limit.
     dirty_limit: u64,
 }
 
-/// Readahead threads running at once, at most.
-const MAX_READAHEADS: usize = 2;
-
 impl Shared {
-    /// Readahead: fetches blocks `plan` of segment `id` (chunk start, length, block) by
-    /// parallel ranged GETs into the cache. Blocks another thread fetches are skipped; a
-    /// failed GET only costs the reader a fetch of its own later.
-    fn fetch_ahead(&self, id: u64, plan: &[(u64, u64, u64)]) {
+    /// Readahead: fetches blocks `plan` (each with its chunk's length) by parallel ranged GETs
+    /// into the cache. Blocks cached or being fetched by another thread are skipped; a failed
+    /// GET only costs the reader a fetch of its own later.
+    fn fetch_ahead(&self, plan: &[Ahead]) {
         let Some(cache) = &self.cache else {
             return;
         };
         let mut claims = Vec::new();
         let mut reqs = Vec::new();
-        for &(c, cl, b) in plan {
-            if cache.contains((id, c, b)) {
+        for &(k, cl) in plan {
+            if cache.contains(k) {
                 continue;
             }
-            if let Some(claim) = self.inflight.claim((id, c, b)) {
+            if let Some(claim) = self.inflight.claim(k) {
+                // Fetched by a reader between the check above and the claim.
+                if cache.contains(k) {
+                    continue;
+                }
                 claims.push(claim);
+                let (id, c, b) = k;
                 reqs.push((chunk_key(id, c, cl), b * BLOCK..((b + 1) * BLOCK).min(cl)));
             }
         }
@@ -87,6 +89,28 @@ impl Shared {
             if let Ok(data) = data {
                 cache.put(claim.key, &data);
             }
+        }
+    }
+
+    /// Queues `items` for fetching ahead, starting the worker that serves the queue (in
+    /// batches of [`readahead::READAHEAD_BLOCKS`] parallel GETs) if none runs.
+    fn queue_ahead(self: &Arc<Self>, items: &[Ahead]) {
+        if !self.ahead_q.push(items) {
+            return;
+        }
+        let shared = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("compfs-s3-prefetch".into())
+            .spawn(move || loop {
+                let batch = shared.ahead_q.take(readahead::READAHEAD_BLOCKS as usize);
+                if batch.is_empty() {
+                    break;
+                }
+                shared.fetch_ahead(&batch);
+            });
+        if spawned.is_err() {
+            // No thread: the blocks stay queued for the next request; readers fetch their own.
+            self.ahead_q.abandon();
         }
     }
 
@@ -236,7 +260,7 @@ impl ObjectBackend {
                 seg_dir: seg_dir.to_path_buf(),
                 pending_bytes: AtomicU64::new(0),
                 inflight: Inflight::default(),
-                ahead_running: AtomicUsize::new(0),
+                ahead_q: AheadQueue::default(),
                 dirty_limit,
             }),
         })
@@ -308,6 +332,10 @@ impl Backend for ObjectBackend {
         }
     }
 
+    fn prefetches(&self) -> bool {
+        self.shared.cache.is_some()
+    }
+
     /// Placeholders need no durability: they are rebuilt from the bucket at every open.
     fn sync_dir(&self, _path: &Path) -> io::Result<()> {
         Ok(())
@@ -353,8 +381,9 @@ impl ObjectSegFile {
         let mut waits = Vec::new();
         for m in missing {
             match inflight.claim((self.id, start, m.0)) {
-                Some(c) => claims.push((c, m)),
-                None => waits.push(m),
+                // Unless a readahead brought it in since the cache was looked at.
+                Some(c) if !cache.contains(c.key) => claims.push((c, m)),
+                _ => waits.push(m),
             }
         }
         if !claims.is_empty() {
@@ -393,7 +422,7 @@ impl ObjectSegFile {
     /// the first block of the segment.
     fn maybe_readahead(&self, cache: &BlockCache, start: u64, first: u64, last: u64) {
         let n = readahead::window(cache.cap(), BLOCK);
-        if n == 0 || self.shared.ahead_running.load(Ordering::Relaxed) >= MAX_READAHEADS {
+        if n == 0 {
             return;
         }
         let plan = {
@@ -410,28 +439,13 @@ impl ObjectSegFile {
             }
             readahead::plan(&s.chunks, start, last, n, BLOCK)
         };
-        let plan: Vec<(u64, u64, u64)> = plan
+        let plan: Vec<Ahead> = plan
             .into_iter()
-            .filter(|&(c, _, b)| {
-                let k = (self.id, c, b);
-                !cache.contains(k) && !self.shared.inflight.contains(k)
-            })
+            .map(|(c, cl, b)| ((self.id, c, b), cl))
+            .filter(|&(k, _)| !cache.contains(k) && !self.shared.inflight.contains(k))
             .collect();
-        if plan.is_empty() {
-            return;
-        }
-        let shared = self.shared.clone();
-        let id = self.id;
-        shared.ahead_running.fetch_add(1, Ordering::Relaxed);
-        let spawned = std::thread::Builder::new()
-            .name("compfs-s3-ahead".into())
-            .spawn(move || {
-                shared.fetch_ahead(id, &plan);
-                shared.ahead_running.fetch_sub(1, Ordering::Relaxed);
-            });
-        if spawned.is_err() {
-            // No thread: no readahead, the reader fetches what it needs itself.
-            self.shared.ahead_running.fetch_sub(1, Ordering::Relaxed);
+        if !plan.is_empty() {
+            self.shared.queue_ahead(&plan);
         }
     }
 }
@@ -515,5 +529,28 @@ impl SegFile for ObjectSegFile {
             io::ErrorKind::Unsupported,
             "segments in a bucket are not truncated",
         ))
+    }
+
+    /// Queues the blocks holding `offset..offset + len` that are neither cached nor being
+    /// fetched; a worker fetches them in the background.
+    fn prefetch(&self, offset: u64, len: u64) {
+        let Some(cache) = &self.shared.cache else {
+            return;
+        };
+        let blocks = {
+            let segs = lock(&self.shared.segs);
+            let Some(s) = segs.get(&self.id) else {
+                return;
+            };
+            readahead::blocks_in(&s.chunks, offset, len, BLOCK)
+        };
+        let items: Vec<Ahead> = blocks
+            .into_iter()
+            .map(|(c, cl, b)| ((self.id, c, b), cl))
+            .filter(|&(k, _)| !cache.contains(k) && !self.shared.inflight.contains(k))
+            .collect();
+        if !items.is_empty() {
+            self.shared.queue_ahead(&items);
+        }
     }
 }
