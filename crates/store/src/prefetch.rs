@@ -2,8 +2,8 @@
 //! sequentially, the segment bytes of its next extents are named to the backend
 //! ([`crate::backend::SegFile::prefetch`]) before the reader asks for them. Readahead along a
 //! segment alone cannot do this: a file's extents need not follow each other in one segment
-//! (the flush pipeline appends them in the order they were encoded, and every durable commit
-//! of a bucket store may start a new segment).
+//! (the flush pipeline appends them in the order they were encoded; a file written over time,
+//! past a segment's end or rewritten by GC or defrag spreads over several segments).
 //!
 //! The decision ([`step`]) is pure and tested alone; [`Tracker`] keeps one stream per file.
 

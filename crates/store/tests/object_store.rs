@@ -253,8 +253,9 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
 /// A cold sequential read fetches ahead: once a file is read from its start, the blocks
 /// holding its next extents come into the cache without being read, by parallel GETs, each
 /// block fetched once; the data read back is the data written. The file is written a MiB at a
-/// time, each part fsynced before the next: every durable commit may start a new segment, so
-/// the blocks ahead lie in other segments (readahead along one segment would not find them).
+/// time, each part fsynced before the next, and the tests' segments are 256 KiB: each part
+/// lands in a segment of its own, so the blocks ahead lie in other segments (readahead along
+/// one segment would not find them).
 #[test]
 fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
     let srv = Server::start();
