@@ -8,6 +8,9 @@
 
 use compfs_store::*;
 
+mod common;
+use common::copy_dir;
+
 fn new_store(ext: u32) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s");
@@ -375,19 +378,6 @@ fn fixture_data() -> (Vec<u8>, Vec<u8>) {
         })
         .collect();
     (text, rand)
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 #[test]

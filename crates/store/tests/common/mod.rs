@@ -21,6 +21,20 @@ pub fn read_all(s: &Store, ino: Ino) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Copies the directory tree `from` to `to` (a store directory, a fixture).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
 /// Every file's bytes under `dir` (to prove that nothing changed).
 pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut m = BTreeMap::new();
