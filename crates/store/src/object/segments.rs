@@ -439,13 +439,19 @@ impl ObjectSegFile {
             }
             readahead::plan(&s.chunks, start, last, n, BLOCK)
         };
-        let plan: Vec<Ahead> = plan
+        self.queue_blocks(cache, plan);
+    }
+
+    /// Queues for the readahead worker `blocks` of this segment (chunk start, chunk length,
+    /// block) that are neither cached nor being fetched.
+    fn queue_blocks(&self, cache: &BlockCache, blocks: Vec<(u64, u64, u64)>) {
+        let items: Vec<Ahead> = blocks
             .into_iter()
             .map(|(c, cl, b)| ((self.id, c, b), cl))
             .filter(|&(k, _)| !cache.contains(k) && !self.shared.inflight.contains(k))
             .collect();
-        if !plan.is_empty() {
-            self.shared.queue_ahead(&plan);
+        if !items.is_empty() {
+            self.shared.queue_ahead(&items);
         }
     }
 }
@@ -544,13 +550,6 @@ impl SegFile for ObjectSegFile {
             };
             readahead::blocks_in(&s.chunks, offset, len, BLOCK)
         };
-        let items: Vec<Ahead> = blocks
-            .into_iter()
-            .map(|(c, cl, b)| ((self.id, c, b), cl))
-            .filter(|&(k, _)| !cache.contains(k) && !self.shared.inflight.contains(k))
-            .collect();
-        if !items.is_empty() {
-            self.shared.queue_ahead(&items);
-        }
+        self.queue_blocks(cache, blocks);
     }
 }
