@@ -426,6 +426,7 @@ impl Store {
     /// Flushes every buffered write and makes everything acknowledged so far durable.
     pub fn sync(&self) -> Result<()> {
         self.inner.check_writable()?;
+        let _local = crate::object::LocalDurable::enter();
         self.inner.flush_all(false)?;
         self.inner.commit_durable()
     }
