@@ -219,6 +219,48 @@ fn the_data_cache_stays_within_its_bound() {
     h2.close().unwrap();
 }
 
+/// The data cache's blocks are named by segment, chunk start and block only: a cache directory
+/// keeps them across its own remounts, but once another mount wrote the store (a newer
+/// snapshot in the bucket than the directory's: a takeover may have deleted a cached segment
+/// and made a new one with its id) they are dropped at the next mount, never served.
+#[test]
+fn a_cache_dir_behind_the_buckets_snapshot_starts_with_an_empty_data_cache() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/cachegen").unwrap();
+    let oa = options(&srv, &t.path().join("a"), 8 << 20, Duration::from_secs(20));
+    mkfs(&url, &oa);
+    let h = open_s3(&url, &oa);
+    let data = random(2 << 20, 4);
+    new_file(&h.store, "f", &data);
+    h.close().unwrap();
+    let h = open_s3(&url, &oa);
+    let a = h.store.lookup(ROOT_INO, b"f").unwrap();
+    assert!(read_all(&h.store, a.ino).unwrap() == data);
+    assert!(h.backend.cached_bytes() > 0);
+    h.close().unwrap();
+    // Remounted from the same directory, nothing else written: the blocks stay.
+    let h = open_s3(&url, &oa);
+    assert!(h.backend.cached_bytes() > 0);
+    h.close().unwrap();
+    // Another machine writes the store.
+    let ob = options(&srv, &t.path().join("b"), 0, Duration::from_secs(20));
+    let hb = open_s3(&url, &ob);
+    hb.store.unlink(ROOT_INO, b"f").unwrap();
+    new_file(&hb.store, "g", &pattern(1 << 20, 5));
+    hb.close().unwrap();
+    let h = open_s3(&url, &oa);
+    assert_eq!(h.backend.cached_bytes(), 0);
+    assert_eq!(
+        std::fs::read_dir(t.path().join("a/cache")).unwrap().count(),
+        0
+    );
+    assert!(h.store.lookup(ROOT_INO, b"f").is_err());
+    let g = h.store.lookup(ROOT_INO, b"g").unwrap();
+    assert!(read_all(&h.store, g.ino).unwrap() == pattern(1 << 20, 5));
+    h.close().unwrap();
+}
+
 /// GC compacts a mostly-dead segment and deletes its chunks only once the snapshot in the
 /// bucket no longer references them: a mount from an empty cache directory right after the
 /// GC (the writer lost, no unmount) reads everything.

@@ -467,10 +467,13 @@ pub fn open(
         here == Some(m.gen),
         opts.read_only,
     )?;
-    if here.is_none() {
-        // The cache directory holds no snapshot of this store: it is new, or it served another
-        // store at the same bucket and prefix before (one made anew by mkfs --force, say),
-        // whose cached blocks have the same names as this store's. They are not this store's.
+    if here != Some(m.gen) {
+        // The cache directory holds no snapshot of this store (it is new, or it served another
+        // store at the same bucket and prefix before, one made anew by mkfs --force, say), or
+        // an older one: another mount wrote the store since, and may have deleted a segment
+        // whose blocks are cached here and made a new one with the same id (a takeover from
+        // an older snapshot, then GC). Cached blocks are named by segment, chunk and block
+        // only: they are not known to be this state's, so they go.
         match std::fs::remove_dir_all(cache_dir.join(DATA_CACHE_DIR)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
