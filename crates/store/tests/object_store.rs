@@ -582,3 +582,52 @@ fn unsynced_changes_reach_the_bucket_within_metadata_interval() {
     assert!(read_all(&h2.store, a.ino).unwrap() == data);
     h2.close().unwrap();
 }
+
+/// Measurement for docs/benchmarks.md (not a test: `cargo test -p compfs-store --test
+/// object_store -- --ignored --nocapture writeback_fsync_latency`): small files written and
+/// fsynced one by one, with and without `-o writeback`, rounds alternating, medians and spread.
+#[test]
+#[ignore]
+fn writeback_fsync_latency() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let files = 100;
+    let mut lat: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut rate: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..5 {
+        for (m, wb) in [false, true].into_iter().enumerate() {
+            let url = S3Url::parse(&format!("s3://compfs/bench{round}-{m}")).unwrap();
+            let mut o = options(
+                &srv,
+                &t.path().join(format!("c{round}-{m}")),
+                64 << 20,
+                Duration::from_secs(20),
+            );
+            o.writeback = wb;
+            mkfs(&url, &o);
+            let h = open_s3(&url, &o);
+            let start = std::time::Instant::now();
+            for i in 0..files {
+                let data = pattern(4096 + i * 13, i as u64);
+                let ino = new_file(&h.store, &format!("f{i}"), &data);
+                let t0 = std::time::Instant::now();
+                h.store.fsync(ino, false).unwrap();
+                lat[m].push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            rate[m].push(files as f64 / start.elapsed().as_secs_f64());
+            h.close().unwrap();
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        (v[v.len() / 2], v[v.len() / 10], v[v.len() * 9 / 10])
+    };
+    for (m, name) in ["PUT at fsync", "-o writeback"].iter().enumerate() {
+        let (l, l10, l90) = med(&mut lat[m]);
+        let (r, rlo, rhi) = med(&mut rate[m]);
+        println!(
+            "{name}: fsync median {l:.2} ms (p10 {l10:.2}, p90 {l90:.2}); \
+             {r:.0} files/s (rounds {rlo:.0}..{rhi:.0})"
+        );
+    }
+}
