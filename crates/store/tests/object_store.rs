@@ -266,10 +266,25 @@ fn a_cache_dir_behind_the_buckets_snapshot_starts_with_an_empty_data_cache() {
 /// GC (the writer lost, no unmount) reads everything.
 #[test]
 fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
+    gc_case(false);
+}
+
+/// The same with `-o writeback`: the syncs leave their chunks in the upload queue; GC's commit
+/// uploads the queue, then the snapshot, and only then are chunks deleted.
+#[test]
+fn gc_with_writeback_uploads_the_queue_and_the_snapshot_before_deleting() {
+    gc_case(true);
+}
+
+fn gc_case(writeback: bool) {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/gc").unwrap();
-    let o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let o = ObjectOptions {
+        writeback,
+        metadata_interval: Duration::from_secs(3600),
+        ..options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20))
+    };
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let keep = random(600_000, 4);
@@ -282,6 +297,14 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
     let r = h.store.gc().unwrap();
     assert!(r.segments_freed > 0, "{r:?}");
     assert!(h.counts().deletes > 0);
+    if writeback {
+        // GC's commit drained the queue before its snapshot.
+        let (n, _) = h.backend.queued().unwrap();
+        let files = std::fs::read_dir(t.path().join("c1/upload"))
+            .unwrap()
+            .count();
+        assert_eq!(n, files);
+    }
     lose_writer(h);
     let o2 = options(&srv, &t.path().join("c2"), 8 << 20, Duration::from_secs(20));
     let h2 = open_force(&url, &o2);
