@@ -431,6 +431,14 @@ impl Store {
         self.inner.commit_durable()
     }
 
+    /// [`Store::sync`], and for a store in a bucket the upload of the metadata snapshot (after
+    /// the upload queue of `-o writeback`) before it returns, as unmount does.
+    pub fn sync_remote(&self) -> Result<()> {
+        self.inner.check_writable()?;
+        self.inner.flush_all(false)?;
+        self.inner.commit_durable()
+    }
+
     /// One line on the metadata snapshot in the bucket of a store in one (none otherwise).
     pub fn remote_status(&self) -> Option<String> {
         self.inner.tuning.after_durable.as_ref().map(|h| h.status())

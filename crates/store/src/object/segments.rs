@@ -209,6 +209,14 @@ impl Shared {
         let end = {
             let mut segs = lock(&self.segs);
             let Some(s) = segs.get_mut(&id) else {
+                // Removed meanwhile (GC): its queue files are garbage.
+                for (start, _, data) in &runs {
+                    let _ = std::fs::remove_file(wb.dir.join(queue::file_name(
+                        id,
+                        *start,
+                        data.len() as u64,
+                    )));
+                }
                 return Ok(());
             };
             for (start, offs, data) in runs {
