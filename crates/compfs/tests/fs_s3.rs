@@ -132,7 +132,13 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
         std::fs::write(m.path("unsynced"), text_bytes(1 << 20, 9)).unwrap();
         m.kill9();
         // (The lease of the killed daemon, a dead process of this machine, is taken over.)
-        let m = Mount::new(Path::new(url), &mnt, &format!("cache_dir={}", c2.display()));
+        // From here on `-o writeback`: fsyncs upload nothing, `sync --remote` still uploads
+        // the queue and the snapshot before it returns.
+        let m = Mount::new(
+            Path::new(url),
+            &mnt,
+            &format!("cache_dir={},writeback", c2.display()),
+        );
         assert!(std::fs::read(m.path("more")).unwrap() == more);
         // One writer: a second read-write mount of the store is refused, naming the holder.
         let mnt2 = t.path().join("mnt2");
@@ -161,7 +167,8 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
         assert!(ok, "sync --remote: {err}");
         assert!(
             out.contains("s3://compfs/fuse/one: metadata snapshot generation")
-                && out.contains("no changes pending"),
+                && out.contains("no changes pending")
+                && out.contains("upload queue: 0 chunks, 0 bytes"),
             "{out}"
         );
         // The machine is lost: another one mounts from an empty cache directory.

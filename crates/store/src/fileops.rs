@@ -189,6 +189,7 @@ impl Store {
     pub fn fsync(&self, ino: Ino, _datasync: bool) -> Result<()> {
         let inner = &self.inner;
         inner.check_writable()?;
+        let _local = crate::object::LocalDurable::enter();
         inner.with_file(ino, |st| inner.flush_locked(ino, st, true))?;
         inner.maybe_forget(ino);
         Ok(())

@@ -429,6 +429,15 @@ impl Store {
     /// Flushes every buffered write and makes everything acknowledged so far durable.
     pub fn sync(&self) -> Result<()> {
         self.inner.check_writable()?;
+        let _local = crate::object::LocalDurable::enter();
+        self.inner.flush_all(false)?;
+        self.inner.commit_durable()
+    }
+
+    /// [`Store::sync`], and for a store in a bucket the upload of the metadata snapshot (after
+    /// the upload queue of `-o writeback`) before it returns, as unmount does.
+    pub fn sync_remote(&self) -> Result<()> {
+        self.inner.check_writable()?;
         self.inner.flush_all(false)?;
         self.inner.commit_durable()
     }

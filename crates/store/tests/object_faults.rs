@@ -371,3 +371,189 @@ fn fsck_full_finds_a_damaged_object_and_reads_of_it_fail_with_eio() {
         r.report.problems
     );
 }
+
+/// Options of a `-o writeback` mount through `proxy`: requests give up after 10 s (the uploader
+/// tries again), no snapshot upload by the flusher during the test (an hour).
+fn writeback_options(srv: &Server, proxy: &FaultProxy, cache: &std::path::Path) -> ObjectOptions {
+    ObjectOptions {
+        writeback: true,
+        metadata_interval: Duration::from_secs(3600),
+        ..srv.options_via(proxy, cache, 8 << 20, Duration::from_secs(10))
+    }
+}
+
+fn read_named(s: &Store, name: &str) -> Vec<u8> {
+    let a = s.lookup(ROOT_INO, name.as_bytes()).unwrap();
+    read_all(s, a.ino).unwrap()
+}
+
+/// `-o writeback`: with the bucket unreachable an fsync returns (its bytes are fsynced in the
+/// upload queue), reads of them come from the queue; once the bucket is back the uploader
+/// empties the queue, and a mount from an empty cache directory reads every byte.
+#[test]
+fn writeback_fsync_returns_while_the_bucket_is_unreachable_and_uploads_once_back() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/wb-unreachable").unwrap();
+    let o = writeback_options(&srv, &proxy, &t.path().join("c1"));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let first = pattern(300_000, 1);
+    let ino = new_file(&h.store, "first", &first);
+    h.store.fsync(ino, false).unwrap();
+    proxy.black_hole(true);
+    let data = random(700_000, 2);
+    let ino = new_file(&h.store, "during", &data);
+    h.store.fsync(ino, false).unwrap();
+    h.store.sync().unwrap();
+    let (n, bytes) = h.backend.queued().unwrap();
+    assert!(
+        n > 0 && bytes >= 700_000,
+        "{n} chunks, {bytes} bytes queued"
+    );
+    let status = h.store.remote_status().unwrap();
+    assert!(status.contains("upload queue: "), "{status}");
+    assert!(read_named(&h.store, "during") == data);
+    proxy.black_hole(false);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while h.backend.queued().unwrap().0 > 0 {
+        assert!(Instant::now() < deadline, "the upload queue never emptied");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    h.close().unwrap();
+    assert_eq!(
+        std::fs::read_dir(t.path().join("c1/upload"))
+            .unwrap()
+            .count(),
+        0
+    );
+    let o2 = srv.options(&t.path().join("c2"), 0, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    assert!(read_named(&h2.store, "first") == first);
+    assert!(read_named(&h2.store, "during") == data);
+    h2.close().unwrap();
+}
+
+/// `-o writeback`, then a crash with chunks in the upload queue: a mount of another machine
+/// (an empty cache directory) sees the last snapshot, consistent (every file it lists reads
+/// back whole); the next mount from the same cache directory uploads the queue first, and
+/// every acknowledged byte reads back, there and from a further empty cache directory.
+#[test]
+fn writeback_queue_left_by_a_crash_is_uploaded_by_the_next_mount_from_the_same_cache_dir() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/wb-crash").unwrap();
+    let o = writeback_options(&srv, &proxy, &t.path().join("c1"));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let before = pattern(400_000, 3);
+    new_file(&h.store, "before", &before);
+    // Unmount: the queue goes first, then the snapshot referencing it.
+    h.close().unwrap();
+    let h = open_s3(&url, &o);
+    proxy.black_hole(true);
+    let mut acked = Vec::new();
+    for i in 0..3u64 {
+        let data = random(200_000 + i as usize * 50_000, 10 + i);
+        let ino = new_file(&h.store, &format!("acked{i}"), &data);
+        h.store.fsync(ino, false).unwrap();
+        acked.push((format!("acked{i}"), data));
+    }
+    h.store.sync().unwrap();
+    assert!(h.backend.queued().unwrap().0 > 0);
+    // The crash: no final commit, the uploader stopped, the queue left as it is. The abandoned
+    // store still holds its cache directory's database in this process: the next mount uses
+    // a copy of the directory as the crash left it (everything acknowledged was fsynced).
+    h.abandon();
+    let c1 = t.path().join("c1-after-crash");
+    copy_dir(&t.path().join("c1"), &c1);
+    drop(proxy);
+    let queued = std::fs::read_dir(c1.join("upload")).unwrap().count();
+    assert!(queued > 0);
+    // Another machine, read-only: the last snapshot, whole.
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let o2 = srv.options(&t.path().join("c2"), 8 << 20, Duration::from_secs(20));
+    let h2 = object::open(&url, &o2, &ro, tuning()).unwrap();
+    assert!(read_named(&h2.store, "before") == before);
+    assert!(h2.store.lookup(ROOT_INO, b"acked0").is_err());
+    h2.store.close().unwrap();
+    // A read-only open from the crashed cache directory refuses: it would upload nothing.
+    let o1 = srv.options(&c1, 8 << 20, Duration::from_secs(20));
+    let e = object::open(&url, &o1, &ro, tuning()).err().unwrap();
+    assert!(e.to_string().contains("upload queue"), "{e}");
+    // The same cache directory, read-write: the queue is uploaded before anything else.
+    expire_lost_writer(&url, &o1);
+    let h1 = open_s3(&url, &o1);
+    assert_eq!(std::fs::read_dir(c1.join("upload")).unwrap().count(), 0);
+    for (name, data) in &acked {
+        assert!(read_named(&h1.store, name) == *data, "{name}");
+    }
+    assert!(read_named(&h1.store, "before") == before);
+    h1.close().unwrap();
+    let o3 = srv.options(&t.path().join("c3"), 0, Duration::from_secs(20));
+    let h3 = object::open(&url, &o3, &ro, tuning()).unwrap();
+    for (name, data) in &acked {
+        assert!(read_named(&h3.store, name) == *data, "{name}");
+    }
+    h3.store.close().unwrap();
+}
+
+/// A queue file damaged while the store was down is never uploaded: the mount fails with a
+/// message naming it.
+#[test]
+fn a_damaged_upload_queue_file_is_refused_not_uploaded() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/wb-damaged").unwrap();
+    let o = writeback_options(&srv, &proxy, &t.path().join("c1"));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    proxy.black_hole(true);
+    let ino = new_file(&h.store, "f", &random(300_000, 5));
+    h.store.fsync(ino, false).unwrap();
+    h.abandon();
+    let c1 = t.path().join("c1-after-crash");
+    copy_dir(&t.path().join("c1"), &c1);
+    drop(proxy);
+    let f = std::fs::read_dir(c1.join("upload"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut b = std::fs::read(&f).unwrap();
+    let n = b.len();
+    b[n - 10] ^= 0x40;
+    std::fs::write(&f, &b).unwrap();
+    let o1 = srv.options(&c1, 8 << 20, Duration::from_secs(20));
+    expire_lost_writer(&url, &o1);
+    let e = object::open(&url, &o1, &OpenOptions::default(), tuning())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("damaged") && e.contains("not uploaded"), "{e}");
+    assert!(
+        srv.objects("wb-damaged/segs").is_empty(),
+        "nothing of it was uploaded"
+    );
+}
+
+/// Copies directory `from` (recursively) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}

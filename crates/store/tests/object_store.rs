@@ -219,15 +219,72 @@ fn the_data_cache_stays_within_its_bound() {
     h2.close().unwrap();
 }
 
+/// The data cache's blocks are named by segment, chunk start and block only: a cache directory
+/// keeps them across its own remounts, but once another mount wrote the store (a newer
+/// snapshot in the bucket than the directory's: a takeover may have deleted a cached segment
+/// and made a new one with its id) they are dropped at the next mount, never served.
+#[test]
+fn a_cache_dir_behind_the_buckets_snapshot_starts_with_an_empty_data_cache() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/cachegen").unwrap();
+    let oa = options(&srv, &t.path().join("a"), 8 << 20, Duration::from_secs(20));
+    mkfs(&url, &oa);
+    let h = open_s3(&url, &oa);
+    let data = random(2 << 20, 4);
+    new_file(&h.store, "f", &data);
+    h.close().unwrap();
+    let h = open_s3(&url, &oa);
+    let a = h.store.lookup(ROOT_INO, b"f").unwrap();
+    assert!(read_all(&h.store, a.ino).unwrap() == data);
+    assert!(h.backend.cached_bytes() > 0);
+    h.close().unwrap();
+    // Remounted from the same directory, nothing else written: the blocks stay.
+    let h = open_s3(&url, &oa);
+    assert!(h.backend.cached_bytes() > 0);
+    h.close().unwrap();
+    // Another machine writes the store.
+    let ob = options(&srv, &t.path().join("b"), 0, Duration::from_secs(20));
+    let hb = open_s3(&url, &ob);
+    hb.store.unlink(ROOT_INO, b"f").unwrap();
+    new_file(&hb.store, "g", &pattern(1 << 20, 5));
+    hb.close().unwrap();
+    let h = open_s3(&url, &oa);
+    assert_eq!(h.backend.cached_bytes(), 0);
+    assert_eq!(
+        std::fs::read_dir(t.path().join("a/cache")).unwrap().count(),
+        0
+    );
+    assert!(h.store.lookup(ROOT_INO, b"f").is_err());
+    let g = h.store.lookup(ROOT_INO, b"g").unwrap();
+    assert!(read_all(&h.store, g.ino).unwrap() == pattern(1 << 20, 5));
+    h.close().unwrap();
+}
+
 /// GC compacts a mostly-dead segment and deletes its chunks only once the snapshot in the
 /// bucket no longer references them: a mount from an empty cache directory right after the
 /// GC (the writer lost, no unmount) reads everything.
 #[test]
 fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
+    gc_case(false);
+}
+
+/// The same with `-o writeback`: the syncs leave their chunks in the upload queue; GC's commit
+/// uploads the queue, then the snapshot, and only then are chunks deleted.
+#[test]
+fn gc_with_writeback_uploads_the_queue_and_the_snapshot_before_deleting() {
+    gc_case(true);
+}
+
+fn gc_case(writeback: bool) {
     let srv = Server::start();
     let t = tempfile::tempdir().unwrap();
     let url = S3Url::parse("s3://compfs/gc").unwrap();
-    let o = options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20));
+    let o = ObjectOptions {
+        writeback,
+        metadata_interval: Duration::from_secs(3600),
+        ..options(&srv, &t.path().join("c1"), 8 << 20, Duration::from_secs(20))
+    };
     mkfs(&url, &o);
     let h = open_s3(&url, &o);
     let keep = random(600_000, 4);
@@ -240,6 +297,14 @@ fn gc_deletes_only_chunks_no_fetchable_snapshot_references() {
     let r = h.store.gc().unwrap();
     assert!(r.segments_freed > 0, "{r:?}");
     assert!(h.counts().deletes > 0);
+    if writeback {
+        // GC's commit drained the queue before its snapshot.
+        let (n, _) = h.backend.queued().unwrap();
+        let files = std::fs::read_dir(t.path().join("c1/upload"))
+            .unwrap()
+            .count();
+        assert_eq!(n, files);
+    }
     lose_writer(h);
     let o2 = options(&srv, &t.path().join("c2"), 8 << 20, Duration::from_secs(20));
     let h2 = open_force(&url, &o2);
@@ -554,4 +619,53 @@ fn unsynced_changes_reach_the_bucket_within_metadata_interval() {
     let a = h2.store.lookup(ROOT_INO, b"unsynced").unwrap();
     assert!(read_all(&h2.store, a.ino).unwrap() == data);
     h2.close().unwrap();
+}
+
+/// Measurement for docs/benchmarks.md (not a test: `cargo test -p compfs-store --test
+/// object_store -- --ignored --nocapture writeback_fsync_latency`): small files written and
+/// fsynced one by one, with and without `-o writeback`, rounds alternating, medians and spread.
+#[test]
+#[ignore]
+fn writeback_fsync_latency() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let files = 100;
+    let mut lat: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut rate: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..5 {
+        for (m, wb) in [false, true].into_iter().enumerate() {
+            let url = S3Url::parse(&format!("s3://compfs/bench{round}-{m}")).unwrap();
+            let mut o = options(
+                &srv,
+                &t.path().join(format!("c{round}-{m}")),
+                64 << 20,
+                Duration::from_secs(20),
+            );
+            o.writeback = wb;
+            mkfs(&url, &o);
+            let h = open_s3(&url, &o);
+            let start = std::time::Instant::now();
+            for i in 0..files {
+                let data = pattern(4096 + i * 13, i as u64);
+                let ino = new_file(&h.store, &format!("f{i}"), &data);
+                let t0 = std::time::Instant::now();
+                h.store.fsync(ino, false).unwrap();
+                lat[m].push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            rate[m].push(files as f64 / start.elapsed().as_secs_f64());
+            h.close().unwrap();
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        (v[v.len() / 2], v[v.len() / 10], v[v.len() * 9 / 10])
+    };
+    for (m, name) in ["PUT at fsync", "-o writeback"].iter().enumerate() {
+        let (l, l10, l90) = med(&mut lat[m]);
+        let (r, rlo, rhi) = med(&mut rate[m]);
+        println!(
+            "{name}: fsync median {l:.2} ms (p10 {l10:.2}, p90 {l90:.2}); \
+             {r:.0} files/s (rounds {rlo:.0}..{rhi:.0})"
+        );
+    }
 }

@@ -142,6 +142,9 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
     d.sync_all()
         .with_context(|| format!("sync of {} failed", a.mountpoint.display()))?;
     if a.remote {
+        // The snapshot now, also under `-o writeback` (whose fsync uploads nothing).
+        xattr::set(&a.mountpoint, REMOTE_XATTR, b"upload")
+            .with_context(|| format!("upload of {}'s snapshot failed", a.mountpoint.display()))?;
         let line = xattr::get(&a.mountpoint, REMOTE_XATTR)
             .map_err(|e| not_compfs(&a.mountpoint, &e))?
             .ok_or_else(not_root)?;

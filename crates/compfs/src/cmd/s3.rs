@@ -21,6 +21,8 @@ pub fn url_of(p: &Path) -> Result<Option<S3Url>> {
 /// `credentials=FILE`, `timeout=SECONDS` (how long requests are retried before EIO),
 /// `dirty_limit=SIZE` (appended bytes held in memory before writes wait for uploads);
 /// `metadata_interval=SECONDS` (default 60), `lease_timeout=SECONDS` (default 60);
+/// `writeback` (an fsync returns once its bytes are fsynced in the cache directory's upload
+/// queue, uploaded in the background);
 /// returns the remaining options for [`compfs_fs::MountOptions::parse`].
 pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
     let mut o = ObjectOptions::default();
@@ -67,10 +69,8 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
                     }
                     o.lease.timeout = Duration::from_secs(s)
                 }
-                ("writeback", None) => bail!(
-                    "-o writeback (durable commits before the upload) is not implemented yet: \
-                     every fsync waits for its PUTs"
-                ),
+                ("writeback", None) => o.writeback = true,
+                ("writeback", Some(_)) => bail!("{opt}: writeback takes no value"),
                 (
                     "cache_dir" | "cache_size" | "credentials" | "timeout" | "dirty_limit"
                     | "metadata_interval" | "lease_timeout",
@@ -170,11 +170,15 @@ mod tests {
         assert_eq!(rest, vec!["noatime".to_string()]);
         assert_eq!(o.metadata_interval, Duration::from_secs(5));
         assert_eq!(o.lease.timeout, Duration::from_secs(9));
+        assert!(!o.writeback);
+        let (rest, o) = split_options(&["writeback,noatime".into()]).unwrap();
+        assert_eq!(rest, vec!["noatime".to_string()]);
+        assert!(o.writeback);
         for bad in [
             "cache_size=lots",
             "timeout=0",
             "cache_dir",
-            "writeback",
+            "writeback=1",
             "dirty_limit=4K",
             "dirty_limit",
             "metadata_interval=0",

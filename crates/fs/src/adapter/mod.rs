@@ -720,6 +720,12 @@ impl Filesystem for CompFs {
                 Err(e) => reply.error(e),
             };
         }
+        // `compfs sync --remote`: the metadata snapshot (after the upload queue of
+        // `-o writeback`) goes to the bucket now, whatever the mount's options.
+        if name(n) == report::REMOTE_XATTR.as_bytes() && ino.0 == ROOT_INO && value == b"upload" {
+            let r = self.store.sync_remote();
+            return self.finish(r, reply);
+        }
         if report::is_virtual(name(n)) {
             return reply.error(Errno::EPERM);
         }

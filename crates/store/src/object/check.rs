@@ -239,7 +239,8 @@ fn check_in(
         download(remote, &m, scratch)?;
         let seg_dir = scratch.join(SEGMENT_DIR);
         std::fs::create_dir_all(&seg_dir)?;
-        let backend = ObjectBackend::open(remote.clone(), &seg_dir, None, DEFAULT_DIRTY_LIMIT)?;
+        let backend =
+            ObjectBackend::open(remote.clone(), &seg_dir, None, DEFAULT_DIRTY_LIMIT, None)?;
         fsck_with(scratch, false, Arc::new(backend), progress)
     })();
     match meta {

@@ -10,12 +10,14 @@ pub mod blockcache;
 pub mod check;
 pub mod layout;
 pub mod lease;
+pub mod queue;
 pub mod readahead;
 pub mod remote;
 pub mod retry;
 pub mod segments;
 pub mod snapshot;
 
+use std::cell::Cell;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -86,6 +88,40 @@ pub struct ObjectOptions {
     /// Changes made durable by the flusher alone are uploaded at most this long after they
     /// were first committed (an fsync, sync, unmount or GC uploads at once).
     pub metadata_interval: Duration,
+    /// `-o writeback`: an fsync or sync returns once its segment bytes are fsynced in the
+    /// upload queue in the cache directory; they are uploaded in the background, and the
+    /// metadata snapshot (after them) by the flusher within `metadata_interval`, by unmount
+    /// and by GC.
+    pub writeback: bool,
+}
+
+thread_local! {
+    static LOCAL_DURABLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the durable commits of the current thread, while alive, as asked for by an fsync or
+/// a sync: with `-o writeback` they need not upload anything (see [`DurableHook`]).
+pub(crate) struct LocalDurable {
+    was: bool,
+}
+
+impl LocalDurable {
+    pub(crate) fn enter() -> LocalDurable {
+        LocalDurable {
+            was: LOCAL_DURABLE.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for LocalDurable {
+    fn drop(&mut self) {
+        let was = self.was;
+        LOCAL_DURABLE.with(|c| c.set(was));
+    }
+}
+
+fn local_durable() -> bool {
+    LOCAL_DURABLE.with(|c| c.get())
 }
 
 impl Default for ObjectOptions {
@@ -97,6 +133,7 @@ impl Default for ObjectOptions {
             dirty_limit: DEFAULT_DIRTY_LIMIT,
             lease: lease::LeaseOptions::default(),
             metadata_interval: DEFAULT_METADATA_INTERVAL,
+            writeback: false,
         }
     }
 }
@@ -140,7 +177,14 @@ impl ObjectStoreHandle {
     /// Drops the handle as a crash of the process would: no final commit, no upload, the lease
     /// left to expire (for tests of a lost writer).
     pub fn abandon(self) {
-        let ObjectStoreHandle { store, lease, .. } = self;
+        let ObjectStoreHandle {
+            store,
+            lease,
+            backend,
+            ..
+        } = self;
+        // The upload queue stays as it is (a crash stops its uploads too).
+        backend.stop_uploader();
         if let Some(l) = lease {
             l.abandon();
         }
@@ -160,8 +204,10 @@ impl MetaUploaderHook {
         last: Option<layout::Manifest>,
         up: Option<MetaUploader>,
         interval: Duration,
+        writeback: Option<ObjectBackend>,
     ) -> MetaUploaderHook {
         MetaUploaderHook {
+            writeback,
             remote,
             cache_dir,
             last,
@@ -204,6 +250,15 @@ impl DurableHook for MetaUploaderHook {
         if periodic && since.elapsed() + FLUSH_TICK < self.interval {
             return Ok(());
         }
+        if let Some(b) = &self.writeback {
+            // An fsync or sync: its bytes are in the upload queue, fsynced; the flusher
+            // uploads the snapshot within `interval` (after the queue).
+            if !periodic && local_durable() {
+                return Ok(());
+            }
+            // Data before metadata in the bucket: every chunk this snapshot references first.
+            b.drain()?;
+        }
         self.uploader()?.upload()?;
         *pending = None;
         Ok(())
@@ -224,14 +279,18 @@ impl DurableHook for MetaUploaderHook {
             .as_ref()
             .map_or(0, |u| u.generation());
         let pending = *self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = match self.writeback.as_ref().and_then(|b| b.queued()) {
+            Some((n, bytes)) => format!("; upload queue: {n} chunks, {bytes} bytes"),
+            None => String::new(),
+        };
         match pending {
             None => format!(
-                "{}: metadata snapshot generation {gen} in the bucket, no changes pending",
+                "{}: metadata snapshot generation {gen} in the bucket, no changes pending{queue}",
                 self.remote.url
             ),
             Some(t) => format!(
                 "{}: metadata snapshot generation {gen} in the bucket, changes pending for {:.1} s \
-                 (uploaded within {} s)",
+                 (uploaded within {} s){queue}",
                 self.remote.url,
                 t.elapsed().as_secs_f64(),
                 self.interval.as_secs()
@@ -245,6 +304,8 @@ impl DurableHook for MetaUploaderHook {
 /// asked for and, for those of the flusher, once `interval` passed since the first change the
 /// bucket lacks.
 struct MetaUploaderHook {
+    /// `-o writeback`: the backend whose upload queue goes before each snapshot.
+    writeback: Option<ObjectBackend>,
     remote: Arc<Remote>,
     cache_dir: PathBuf,
     last: Option<layout::Manifest>,
@@ -319,6 +380,7 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
             &scratch.join(SEGMENT_DIR),
             None,
             o.dirty_limit,
+            None,
         )?;
         let hook = MetaUploaderHook::new(
             remote.clone(),
@@ -326,6 +388,7 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
             None,
             None,
             o.metadata_interval,
+            None,
         );
         let t = Tuning {
             backend: Arc::new(backend),
@@ -395,10 +458,22 @@ pub fn open(
     }
     let meta = cache_dir.join(crate::records::META_FILE);
     let here = local_generation(&cache_dir, &sb.uuid);
-    if here.is_none() {
-        // The cache directory holds no snapshot of this store: it is new, or it served another
-        // store at the same bucket and prefix before (one made anew by mkfs --force, say),
-        // whose cached blocks have the same names as this store's. They are not this store's.
+    // Chunks a crash left in the upload queue go to the bucket before anything else, and only
+    // onto the state they belong to.
+    recover_queue(
+        &remote,
+        &cache_dir,
+        &sb.uuid,
+        here == Some(m.gen),
+        opts.read_only,
+    )?;
+    if here != Some(m.gen) {
+        // The cache directory holds no snapshot of this store (it is new, or it served another
+        // store at the same bucket and prefix before, one made anew by mkfs --force, say), or
+        // an older one: another mount wrote the store since, and may have deleted a segment
+        // whose blocks are cached here and made a new one with the same id (a takeover from
+        // an older snapshot, then GC). Cached blocks are named by segment, chunk and block
+        // only: they are not known to be this state's, so they go.
         match std::fs::remove_dir_all(cache_dir.join(DATA_CACHE_DIR)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -422,6 +497,7 @@ pub fn open(
         &cache_dir.join(SEGMENT_DIR),
         cache,
         o.dirty_limit,
+        (o.writeback && !opts.read_only).then(|| (cache_dir.join(queue::QUEUE_DIR), sb.uuid)),
     )?;
     let hook: Option<Arc<dyn DurableHook>> = if opts.read_only {
         None
@@ -433,6 +509,7 @@ pub fn open(
             Some(m),
             Some(up),
             o.metadata_interval,
+            o.writeback.then(|| backend.clone()),
         )))
     };
     let t = Tuning {
@@ -458,4 +535,73 @@ pub fn open(
         backend,
         lease,
     })
+}
+
+/// Uploads the chunks a mount with `-o writeback` left in `cache_dir`'s upload queue (a crash
+/// or power cut before they were uploaded), each verified against its checksum, and deletes
+/// them. `current`: the cache directory's metadata is the bucket's latest snapshot or newer
+/// (else another mount wrote the store since, and these chunks belong to a state the bucket
+/// no longer continues: refused, as is a read-only open, which uploads nothing).
+fn recover_queue(
+    remote: &Remote,
+    cache_dir: &Path,
+    uuid: &[u8; 16],
+    current: bool,
+    read_only: bool,
+) -> Result<()> {
+    let dir = cache_dir.join(queue::QUEUE_DIR);
+    let files = queue::list(&dir)?;
+    if files.is_empty() {
+        return Ok(());
+    }
+    let refuse = |why: String| {
+        Error::Io(io::Error::other(format!(
+            "{}: the upload queue holds {} chunks not yet in the bucket (left by a -o writeback \
+             mount that did not unmount): {why}",
+            dir.display(),
+            files.len()
+        )))
+    };
+    if read_only {
+        return Err(refuse(
+            "mount the store read-write from this cache directory first to upload them".into(),
+        ));
+    }
+    if !current {
+        return Err(refuse(
+            "the bucket's metadata moved on since this cache directory's last snapshot (another \
+             mount wrote the store), so they cannot be uploaded; move the directory aside to \
+             mount (what it holds is lost to the store)"
+                .into(),
+        ));
+    }
+    for (name, (seg, start, len)) in &files {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path)?;
+        let data = match queue::verify(name, &bytes) {
+            Ok((h, _)) if &h.uuid != uuid => {
+                return Err(refuse(format!("{name} belongs to another store")))
+            }
+            Ok((_, d)) => d,
+            Err(e) => {
+                tracing::error!(
+                    "compfs: upload queue file {} is damaged: {e}",
+                    path.display()
+                );
+                return Err(refuse(format!(
+                    "{name} is damaged ({e}): not uploaded; the data it holds is lost unless \
+                     the file can be repaired"
+                )));
+            }
+        };
+        remote.put(&layout::chunk_key(*seg, *start, *len), data)?;
+        std::fs::remove_file(&path)?;
+    }
+    queue::sync_dir(&dir)?;
+    tracing::info!(
+        "compfs: {}: uploaded {} chunks left in the upload queue",
+        remote.url,
+        files.len()
+    );
+    Ok(())
 }

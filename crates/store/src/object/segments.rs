@@ -8,14 +8,16 @@
 //! (its length the segment's), so the store's scans of that directory (next segment id, GC's
 //! orphans and sizes) work unchanged; placeholders are rebuilt from a listing at every open.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use super::blockcache::{BlockCache, BLOCK};
 use super::layout::{block_spans, chunk_key, contiguous_runs, parse_chunk_key};
+use super::queue::{self, Header};
 use super::readahead::{self, Ahead, AheadQueue, Inflight};
 use super::remote::Remote;
 use crate::backend::{Backend, SegFile};
@@ -24,8 +26,11 @@ use crate::records::{parse_segment_file_name, segment_file_name, SEG_HEADER_LEN}
 /// One segment: its uploaded chunks and the appends not uploaded yet.
 #[derive(Default)]
 struct SegState {
-    /// Chunk start -> length.
+    /// Chunk start -> length (in the bucket, or in the upload queue when in `local`).
     chunks: BTreeMap<u64, u64>,
+    /// Starts of the chunks still in the local upload queue (`-o writeback`), not yet in the
+    /// bucket: reads of them are served from their queue file.
+    local: BTreeSet<u64>,
     /// Offset -> bytes of appends not yet in a completed PUT.
     pending: BTreeMap<u64, Vec<u8>>,
 }
@@ -58,7 +63,32 @@ pub(crate) struct Shared {
     /// Appended bytes held in memory (not yet uploaded) above which a writer uploads them
     /// itself, and waits: the dirty limit.
     dirty_limit: u64,
+    /// The local upload queue of `-o writeback` (none: every sync PUTs).
+    writeback: Option<Writeback>,
 }
+
+/// The upload queue of `-o writeback` (see [`queue`]): chunks fsynced in `dir`, uploaded in
+/// order by the uploader thread (or by [`Shared::drain`]) and deleted once their PUT completed.
+pub(crate) struct Writeback {
+    dir: PathBuf,
+    uuid: [u8; 16],
+    /// Queued chunks (segment, start, length), oldest first.
+    fifo: Mutex<VecDeque<(u64, u64, u64)>>,
+    wake: Condvar,
+    /// Bytes of chunk data in the queue.
+    bytes: AtomicU64,
+    /// One upload of a queued chunk at a time (apart from `Shared::upload`, so that a durable
+    /// commit queueing its chunks never waits behind a PUT).
+    one: Mutex<()>,
+    /// Set to stop the uploader thread.
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// A queue file that failed its checksum: never uploaded, every later upload fails with it.
+    damaged: Mutex<Option<String>>,
+}
+
+/// How long the uploader waits after a failed upload before it tries again.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 impl Shared {
     /// Readahead: fetches blocks `plan` (each with its chunk's length) by parallel ranged GETs
@@ -145,6 +175,9 @@ impl Shared {
                 })
                 .collect()
         };
+        if let Some(wb) = &self.writeback {
+            return self.queue_runs(wb, id, runs);
+        }
         for (start, offs, data) in runs {
             let len = data.len() as u64;
             self.remote.put(&chunk_key(id, start, len), data)?;
@@ -171,6 +204,169 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// `-o writeback`: writes the runs of segment `id` into the upload queue, fsyncs them and
+    /// the queue directory, then hands them to the uploader.
+    fn queue_runs(
+        &self,
+        wb: &Writeback,
+        id: u64,
+        runs: Vec<(u64, Vec<u64>, Vec<u8>)>,
+    ) -> io::Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&wb.dir)?;
+        for (start, _, data) in &runs {
+            let h = Header {
+                uuid: wb.uuid,
+                seg: id,
+                start: *start,
+                len: data.len() as u64,
+                crc: crc32c::crc32c(data),
+            };
+            queue::write(&wb.dir, &h, data)?;
+        }
+        queue::sync_dir(&wb.dir)?;
+        let mut fifo = lock(&wb.fifo);
+        let end = {
+            let mut segs = lock(&self.segs);
+            let Some(s) = segs.get_mut(&id) else {
+                // Removed meanwhile (GC): its queue files are garbage.
+                for (start, _, data) in &runs {
+                    let _ = std::fs::remove_file(wb.dir.join(queue::file_name(
+                        id,
+                        *start,
+                        data.len() as u64,
+                    )));
+                }
+                return Ok(());
+            };
+            for (start, offs, data) in runs {
+                let len = data.len() as u64;
+                s.chunks.insert(start, len);
+                s.local.insert(start);
+                fifo.push_back((id, start, len));
+                wb.bytes.fetch_add(len, Ordering::Relaxed);
+                for o in offs {
+                    if let Some(b) = s.pending.remove(&o) {
+                        self.pending_bytes
+                            .fetch_sub(b.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+            s.end()
+        };
+        drop(fifo);
+        wb.wake.notify_all();
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.seg_dir.join(segment_file_name(id)))
+        {
+            let _ = f.set_len(end);
+        }
+        Ok(())
+    }
+
+    /// Uploads the oldest chunk of the upload queue and deletes its file; whether there was one.
+    /// A queue file failing its checksum is never uploaded: an error, now and for every later
+    /// upload.
+    fn upload_one(&self, wb: &Writeback) -> io::Result<bool> {
+        let _one = lock(&wb.one);
+        if wb.stop.load(Ordering::SeqCst) {
+            return Err(io::Error::other(
+                "the uploader of the upload queue was stopped",
+            ));
+        }
+        if let Some(m) = &*lock(&wb.damaged) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, m.clone()));
+        }
+        let Some((id, start, len)) = lock(&wb.fifo).front().copied() else {
+            return Ok(false);
+        };
+        let name = queue::file_name(id, start, len);
+        let path = wb.dir.join(&name);
+        let file = std::fs::read(&path)?;
+        let data = match queue::verify(&name, &file) {
+            Ok((h, _)) if h.uuid != wb.uuid => Err("the file belongs to another store".to_string()),
+            Ok((_, d)) => Ok(d),
+            Err(e) => Err(e.to_string()),
+        };
+        let data = data.map_err(|e| {
+            let m = format!(
+                "compfs: upload queue file {} is damaged ({e}): not uploaded; the data it holds \
+                 is lost unless the file can be repaired",
+                path.display()
+            );
+            tracing::error!("{m}");
+            *lock(&wb.damaged) = Some(m.clone());
+            io::Error::new(io::ErrorKind::InvalidData, m)
+        })?;
+        self.remote.put(&chunk_key(id, start, len), data)?;
+        {
+            let mut fifo = lock(&wb.fifo);
+            let mut segs = lock(&self.segs);
+            if let Some(s) = segs.get_mut(&id) {
+                s.local.remove(&start);
+            }
+            fifo.pop_front();
+            wb.bytes.fetch_sub(len, Ordering::Relaxed);
+        }
+        // Readers opened the file under the `segs` lock before this: their reads still work.
+        std::fs::remove_file(&path)?;
+        Ok(true)
+    }
+
+    /// Uploads every chunk queued now (not those queued meanwhile): afterwards every chunk a
+    /// commit made before the call references is in the bucket.
+    pub(crate) fn drain(&self) -> io::Result<()> {
+        let Some(wb) = &self.writeback else {
+            return Ok(());
+        };
+        let n = lock(&wb.fifo).len();
+        for _ in 0..n {
+            if !self.upload_one(wb)? {
+                break;
+            }
+        }
+        if n > 0 {
+            queue::sync_dir(&wb.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The uploader thread of `-o writeback`: uploads the queue as it fills, until stopped or
+    /// the backend is dropped. A failed upload is tried again after a pause (the chunk stays
+    /// queued; the next snapshot upload waits for it).
+    fn uploader(weak: Weak<Shared>) {
+        loop {
+            let Some(sh) = weak.upgrade() else {
+                return;
+            };
+            let Some(wb) = &sh.writeback else {
+                return;
+            };
+            if wb.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            match sh.upload_one(wb) {
+                Ok(true) => continue,
+                Ok(false) => {
+                    let fifo = lock(&wb.fifo);
+                    if fifo.is_empty() && !wb.stop.load(Ordering::SeqCst) {
+                        let _ = wb.wake.wait_timeout(fifo, RETRY_PAUSE);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("compfs: upload of a queued chunk failed (tried again): {e}");
+                    let fifo = lock(&wb.fifo);
+                    if !wb.stop.load(Ordering::SeqCst) {
+                        let _ = wb.wake.wait_timeout(fifo, RETRY_PAUSE);
+                    }
+                }
+            }
+        }
     }
 
     /// Uploads the pending appends of every segment.
@@ -208,12 +404,14 @@ impl ObjectBackend {
     /// Lists the segment chunks of the bucket and lays the placeholders in `seg_dir` (removing
     /// those of segments the bucket has not). `cache` is the block cache (none: every read is
     /// a ranged GET of just its bytes); `dirty_limit` bounds the appended bytes held in
-    /// memory before their upload.
+    /// memory before their upload; `writeback`: the upload queue's directory and the store's
+    /// UUID for `-o writeback` (the queue must be empty: see [`recover_queue`]).
     pub(crate) fn open(
         remote: Arc<Remote>,
         seg_dir: &Path,
         cache: Option<BlockCache>,
         dirty_limit: u64,
+        writeback: Option<(PathBuf, [u8; 16])>,
     ) -> io::Result<ObjectBackend> {
         let mut segs: HashMap<u64, SegState> = HashMap::new();
         for (key, size) in remote.list(super::layout::SEGS_FOLDER)? {
@@ -251,19 +449,64 @@ impl ObjectBackend {
                 .open(seg_dir.join(segment_file_name(*id)))?;
             f.set_len(s.end())?;
         }
-        Ok(ObjectBackend {
-            shared: Arc::new(Shared {
-                remote,
-                cache,
-                segs: Mutex::new(segs),
-                upload: Mutex::new(()),
-                seg_dir: seg_dir.to_path_buf(),
-                pending_bytes: AtomicU64::new(0),
-                inflight: Inflight::default(),
-                ahead_q: AheadQueue::default(),
-                dirty_limit,
-            }),
-        })
+        let writeback = writeback.map(|(dir, uuid)| Writeback {
+            dir,
+            uuid,
+            fifo: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            bytes: AtomicU64::new(0),
+            one: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            damaged: Mutex::new(None),
+        });
+        let shared = Arc::new(Shared {
+            remote,
+            cache,
+            segs: Mutex::new(segs),
+            upload: Mutex::new(()),
+            seg_dir: seg_dir.to_path_buf(),
+            pending_bytes: AtomicU64::new(0),
+            inflight: Inflight::default(),
+            ahead_q: AheadQueue::default(),
+            dirty_limit,
+            writeback,
+        });
+        if let Some(wb) = &shared.writeback {
+            let weak = Arc::downgrade(&shared);
+            let t = std::thread::Builder::new()
+                .name("compfs-s3-upload".into())
+                .spawn(move || Shared::uploader(weak))?;
+            *lock(&wb.thread) = Some(t);
+        }
+        Ok(ObjectBackend { shared })
+    }
+
+    /// `-o writeback`: uploads every chunk queued so far (see [`Shared::drain`]).
+    pub fn drain(&self) -> io::Result<()> {
+        self.shared.drain()
+    }
+
+    /// Chunks and bytes in the upload queue (`-o writeback`), none without it.
+    pub fn queued(&self) -> Option<(usize, u64)> {
+        self.shared
+            .writeback
+            .as_ref()
+            .map(|wb| (lock(&wb.fifo).len(), wb.bytes.load(Ordering::Relaxed)))
+    }
+
+    /// Stops the uploader thread (after the upload under way) and waits for it: what a crash
+    /// does to it (for tests of a lost writer), the queue left in place.
+    pub fn stop_uploader(&self) {
+        if let Some(wb) = &self.shared.writeback {
+            wb.stop.store(true, Ordering::SeqCst);
+            wb.wake.notify_all();
+            if let Some(t) = lock(&wb.thread).take() {
+                let _ = t.join();
+            }
+            // An upload under way elsewhere (a drain) ends before this returns; none starts.
+            drop(lock(&wb.one));
+        }
     }
 
     /// Requests and bytes sent to the bucket so far.
@@ -315,12 +558,36 @@ impl Backend for ObjectBackend {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let id = seg_id(path)?;
-        let chunks: Vec<(u64, u64)> = match lock(&self.shared.segs).get(&id) {
-            Some(s) => s.chunks.iter().map(|(a, b)| (*a, *b)).collect(),
+        // No upload of a queued chunk meanwhile: its segment is going.
+        let _one = self.shared.writeback.as_ref().map(|wb| lock(&wb.one));
+        let chunks: Vec<(u64, u64, bool)> = match lock(&self.shared.segs).get(&id) {
+            Some(s) => s
+                .chunks
+                .iter()
+                .map(|(a, b)| (*a, *b, s.local.contains(a)))
+                .collect(),
             None => return Err(io::Error::from(io::ErrorKind::NotFound)),
         };
-        for (start, len) in chunks {
-            self.shared.remote.delete(&chunk_key(id, start, len))?;
+        if let Some(wb) = &self.shared.writeback {
+            let mut fifo = lock(&wb.fifo);
+            fifo.retain(|&(s, _, len)| {
+                if s == id {
+                    wb.bytes.fetch_sub(len, Ordering::Relaxed);
+                }
+                s != id
+            });
+        }
+        for (start, len, local) in chunks {
+            if local {
+                if let Some(wb) = &self.shared.writeback {
+                    match std::fs::remove_file(wb.dir.join(queue::file_name(id, start, len))) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                }
+            } else {
+                self.shared.remote.delete(&chunk_key(id, start, len))?;
+            }
         }
         lock(&self.shared.segs).remove(&id);
         if let Some(c) = &self.shared.cache {
@@ -437,7 +704,9 @@ impl ObjectSegFile {
             if !sequential {
                 return;
             }
-            readahead::plan(&s.chunks, start, last, n, BLOCK)
+            let mut p = readahead::plan(&s.chunks, start, last, n, BLOCK);
+            p.retain(|(c, _, _)| !s.local.contains(c));
+            p
         };
         self.queue_blocks(cache, plan);
     }
@@ -479,7 +748,17 @@ impl SegFile for ObjectSegFile {
                     }
                 }
                 match s.chunks.range(..=pos).next_back() {
-                    Some((&c0, &cl)) if pos < c0 + cl => (c0, cl),
+                    Some((&c0, &cl)) if pos < c0 + cl => {
+                        // Still in the upload queue: its file, opened under the lock (the
+                        // uploader deletes it only after taking this lock).
+                        let local = match (&self.shared.writeback, s.local.contains(&c0)) {
+                            (Some(wb), true) => Some(std::fs::File::open(
+                                wb.dir.join(queue::file_name(self.id, c0, cl)),
+                            )?),
+                            _ => None,
+                        };
+                        (c0, cl, local)
+                    }
                     _ => {
                         return Err(io::Error::new(
                             io::ErrorKind::UnexpectedEof,
@@ -488,9 +767,12 @@ impl SegFile for ObjectSegFile {
                     }
                 }
             };
-            let (c0, cl) = chunk;
+            let (c0, cl, local) = chunk;
             let n = ((c0 + cl).min(end) - pos) as usize;
-            self.read_chunk(c0, cl, pos - c0, &mut buf[at..at + n])?;
+            match local {
+                Some(f) => queue::read_at(&f, &mut buf[at..at + n], pos - c0)?,
+                None => self.read_chunk(c0, cl, pos - c0, &mut buf[at..at + n])?,
+            }
             pos += n as u64;
         }
         Ok(())
@@ -548,7 +830,10 @@ impl SegFile for ObjectSegFile {
             let Some(s) = segs.get(&self.id) else {
                 return;
             };
-            readahead::blocks_in(&s.chunks, offset, len, BLOCK)
+            let mut b = readahead::blocks_in(&s.chunks, offset, len, BLOCK);
+            // Chunks still in the upload queue are read from their files, not fetched.
+            b.retain(|(c, _, _)| !s.local.contains(c));
+            b
         };
         self.queue_blocks(cache, blocks);
     }
