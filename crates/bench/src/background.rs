@@ -61,7 +61,12 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 /// A fresh store with the corpus written at `from` (compress-force), closed.
-fn prepare(dir: &Path, from: CodecSpec, threads: usize, files: &[(String, Vec<u8>)]) -> Result<()> {
+pub(crate) fn prepare(
+    dir: &Path,
+    from: CodecSpec,
+    threads: usize,
+    files: &[(String, Vec<u8>)],
+) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     Store::create_tuned(
         dir,

@@ -326,7 +326,7 @@ fn drop_clean_caches() {
 }
 
 /// CPU time (user + system, all threads) of process `pid`, seconds.
-fn cpu_secs(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_secs(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     cpu_from_stat(&stat, clock_ticks())
 }

@@ -35,6 +35,7 @@ pub mod mounts;
 pub mod objstore;
 pub mod plot;
 pub mod recompress;
+pub mod recompress_mount;
 pub mod store;
 
 pub use error::{Context, Error, Result};

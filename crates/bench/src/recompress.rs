@@ -50,6 +50,10 @@ pub struct Args {
     /// `--background`: draw the ratio over time as an SVG here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Also run `compfs defrag -r -c TO` through a FUSE mount against the unmounted store, N
+    /// runs each, alternating (root; each on a fresh copy of a store written at FROM).
+    #[arg(long, value_name = "N")]
+    pub mount: Option<usize>,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -77,6 +81,8 @@ struct Report {
     second: Figures,
     #[serde(skip_serializing_if = "Option::is_none")]
     background: Option<crate::background::BgReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mount: Option<crate::recompress_mount::MountReport>,
 }
 
 #[derive(Serialize, Debug, Default, Clone, Copy)]
@@ -204,6 +210,7 @@ pub fn run(a: Args) -> Result<()> {
         first: first.into(),
         second: second.into(),
         background: None,
+        mount: None,
     };
     println!(
         "ratio: written at {from} {:.3}, written at {to} {:.3}, after defrag {:.3} ({:.4}x direct; target >= 0.99)",
@@ -249,6 +256,14 @@ pub fn run(a: Args) -> Result<()> {
             crate::plot::ratio_over_time(&b, rep.ratio_direct, p)?;
         }
         rep.background = Some(b);
+    }
+    if let Some(n) = a.mount {
+        let tpl = base.join("mount-template");
+        crate::background::prepare(&tpl, from, threads, &files)?;
+        let m = crate::recompress_mount::measure(base, &tpl, from, &target, threads, st, n.max(1))?;
+        crate::recompress_mount::print(&m, to);
+        let _ = std::fs::remove_dir_all(&tpl);
+        rep.mount = Some(m);
     }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&rep)?)

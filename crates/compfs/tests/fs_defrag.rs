@@ -406,3 +406,44 @@ fn progress_within_a_file_on_a_mount() {
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
     assert!(fs::read(m.path("big")).unwrap() == data);
 }
+
+/// `compfs bench recompress --mount 1`: the defrag through a mount and on the unmounted store
+/// examine every byte of the corpus, as the store API's defrag does, and both are timed.
+#[test]
+fn bench_recompress_compares_a_mount_with_the_unmounted_store() {
+    require_fuse!();
+    let t = TempDir::new("bench-recompress");
+    let corpus = t.path().join("corpus");
+    let tr = tree();
+    write_tree(&corpus, &tr);
+    let (work, json) = (t.path().join("work"), t.path().join("r.json"));
+    fs::create_dir_all(&work).unwrap();
+    let (ok, out, err) = compfs(&[
+        "bench",
+        "recompress",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--dir",
+        work.to_str().unwrap(),
+        "--mount",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        ok,
+        "bench recompress failed\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    assert!(out.contains("mounted / unmounted:"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    let total: u64 = tr.values().map(|v| v.len() as u64).sum();
+    assert_eq!(v["first"]["bytes_examined"], total, "{v}");
+    let m = &v["mount"];
+    assert_eq!(m["runs"], 1, "{m}");
+    assert_eq!(m["bytes_examined"], total, "{m}");
+    for side in ["mounted", "unmounted"] {
+        assert_eq!(m[side]["secs"].as_array().unwrap().len(), 1, "{m}");
+        assert!(m[side]["median_secs"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    assert!(m["mounted_vs_unmounted"].as_f64().unwrap() > 0.0, "{m}");
+}

@@ -469,16 +469,8 @@ impl Inner {
                             return Err(meta::corrupt("flushed extent without a segment"));
                         };
                         let xr = ExtentRec {
-                            segment: seg_id,
-                            seg_offset: seg_off,
-                            stored_len: h.stored_len,
-                            raw_len: h.raw_len,
-                            codec: h.codec,
-                            level: h.level,
-                            crc: h.crc,
-                            refs: 0,
                             ino,
-                            dict: h.dict,
+                            ..ExtentRec::from_header(seg_id, seg_off, &h)
                         };
                         disk += w.add_mapped_extent(
                             id,

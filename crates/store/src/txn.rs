@@ -18,6 +18,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use redb::{Durability, ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
@@ -34,6 +35,17 @@ pub(crate) const BATCH_OPS: u32 = 256;
 /// Age of a held batch at which the next change commits it (an idle batch is committed by the
 /// flusher's next tick, by any other transaction or by a read that does not look into it).
 pub(crate) const BATCH_AGE: Duration = Duration::from_millis(20);
+
+/// A body run in the held batch (see [`Inner::run_in_batch`]): the batch lock, the
+/// transaction with its batch's figures, and what the body did.
+struct BatchRun<'a> {
+    held: MutexGuard<'a, Option<Held>>,
+    txn: WriteTransaction,
+    ops: u32,
+    since: Instant,
+    touched: bool,
+    reserve_delta: i64,
+}
 
 /// The held batch: an open write transaction with changes not yet committed.
 pub(crate) struct Held {
@@ -286,9 +298,29 @@ impl Inner {
         durable: bool,
         body: impl FnOnce(&mut W<'_>) -> Result<T>,
     ) -> Result<T> {
+        let (b, res) = self.run_in_batch(body)?;
+        match res {
+            Ok(out) => {
+                self.commit(b.txn, durable, false)?;
+                drop(b.held);
+                self.settle(b.reserve_delta);
+                Ok(out)
+            }
+            Err(e) => Err(self.failed_in_batch(b, e)),
+        }
+    }
+
+    /// The prelude of [`Inner::write_joined`] and [`Inner::write_batched`]: takes the held
+    /// batch (dropped first when the store latched read-only meanwhile) or begins a
+    /// transaction, and runs `body` in it. The caller commits, holds or fails the batch.
+    fn run_in_batch<T>(
+        &self,
+        body: impl FnOnce(&mut W<'_>) -> Result<T>,
+    ) -> Result<(BatchRun<'_>, Result<T>)> {
         self.note_change();
         let mut held = lock(&self.held);
         if self.ro_flag.load(Ordering::SeqCst) {
+            // Latched meanwhile: drop the batch, nothing further is written.
             held.take();
         }
         self.bg.note_txn();
@@ -302,28 +334,28 @@ impl Inner {
             let res = body(&mut w);
             (res, w.touched(), w.reserve_delta)
         };
-        match res {
-            Ok(out) => {
-                self.commit(txn, durable, false)?;
-                drop(held);
-                self.settle(reserve_delta);
-                Ok(out)
-            }
-            Err(e) => Err(self.failed_in_batch(&mut held, txn, ops, since, touched, e)),
-        }
+        let b = BatchRun {
+            held,
+            txn,
+            ops,
+            since,
+            touched,
+            reserve_delta,
+        };
+        Ok((b, res))
     }
 
     /// A batched body failed with `e`: keeps the batch when nothing changed and the error
     /// only refuses the operation, else drops it and latches read-only.
-    fn failed_in_batch(
-        &self,
-        held: &mut Option<Held>,
-        txn: WriteTransaction,
-        ops: u32,
-        since: Instant,
-        touched: bool,
-        e: Error,
-    ) -> Error {
+    fn failed_in_batch(&self, b: BatchRun<'_>, e: Error) -> Error {
+        let BatchRun {
+            mut held,
+            txn,
+            ops,
+            since,
+            touched,
+            ..
+        } = b;
         if e.is_storage() {
             drop(txn);
             return self.fail(e);
@@ -351,25 +383,17 @@ impl Inner {
     /// errors latch read-only as in [`Inner::write`]; either way the batch's changes are lost,
     /// as a power cut would lose them.
     pub(crate) fn write_batched<T>(&self, body: impl FnOnce(&mut W<'_>) -> Result<T>) -> Result<T> {
-        self.note_change();
-        let mut held = lock(&self.held);
-        if self.ro_flag.load(Ordering::SeqCst) {
-            // Latched meanwhile: drop the batch, nothing further is written.
-            held.take();
-        }
-        self.bg.note_txn();
-        let (txn, ops, since) = match held.take() {
-            Some(h) => (h.txn, h.ops, h.since),
-            None => (self.begin()?, 0, Instant::now()),
-        };
-        let (res, touched, reserve_delta) = {
-            let mut w = W::open(&txn).map_err(|e| self.fail(e))?;
-            let _b = InBody::enter();
-            let res = body(&mut w);
-            (res, w.touched(), w.reserve_delta)
-        };
+        let (b, res) = self.run_in_batch(body)?;
         match res {
             Ok(out) => {
+                let BatchRun {
+                    mut held,
+                    txn,
+                    ops,
+                    since,
+                    reserve_delta,
+                    ..
+                } = b;
                 let ops = ops + 1;
                 if reserve_delta != 0
                     || ops >= self.tuning.batch_ops
@@ -383,7 +407,7 @@ impl Inner {
                 }
                 Ok(out)
             }
-            Err(e) => Err(self.failed_in_batch(&mut held, txn, ops, since, touched, e)),
+            Err(e) => Err(self.failed_in_batch(b, e)),
         }
     }
 

@@ -5,6 +5,7 @@
 use compfs_store::{DirEntry, Error, Ino};
 use fuser::FileHandle;
 
+use super::convert::Finish;
 use super::{CompFs, READDIR_BATCH};
 
 impl CompFs {
@@ -50,5 +51,24 @@ impl CompFs {
                 offset = e.offset;
             }
         }
+    }
+
+    /// A readdir or readdirplus of handle `fh` of `dir` from `offset`: `add` puts each entry
+    /// into `reply` (true when it is full), then the reply is sent and the access noted.
+    pub(super) fn serve_dir<R: Finish>(
+        &self,
+        dir: Ino,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: R,
+        mut add: impl FnMut(&mut R, &DirEntry) -> Result<bool, Error>,
+    ) {
+        let r = self
+            .dir_end(dir, fh, offset)
+            .and_then(|end| self.fill_dir(dir, offset, end, |e| add(&mut reply, e)));
+        if r.is_ok() {
+            self.accessed(dir);
+        }
+        self.finish(r, reply)
     }
 }

@@ -623,24 +623,16 @@ impl Filesystem for CompFs {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let end = match self.dir_end(ino.0, fh, offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(self.err(&e)),
-        };
-        let r = self.fill_dir(ino.0, offset, end, |e| {
+        self.serve_dir(ino.0, fh, offset, reply, |reply, e| {
             Ok(reply.add(
                 INodeNo(e.ino),
                 e.offset,
                 kind(e.kind),
                 OsStr::from_bytes(&e.name),
             ))
-        });
-        if r.is_ok() {
-            self.accessed(ino.0);
-        }
-        self.finish(r, reply)
+        })
     }
 
     fn readdirplus(
@@ -649,13 +641,9 @@ impl Filesystem for CompFs {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let end = match self.dir_end(ino.0, fh, offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(self.err(&e)),
-        };
-        let r = self.fill_dir(ino.0, offset, end, |e| {
+        self.serve_dir(ino.0, fh, offset, reply, |reply, e| {
             let attr = match self.store.getattr(e.ino) {
                 Ok(a) => a,
                 // Removed between readdir and getattr: skip it, as a later readdir would.
@@ -670,11 +658,7 @@ impl Filesystem for CompFs {
                 &file_attr(&attr),
                 Generation(0),
             ))
-        });
-        if r.is_ok() {
-            self.accessed(ino.0);
-        }
-        self.finish(r, reply)
+        })
     }
 
     fn fsyncdir(

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::layout::{chunk_key, parse_chunk_key, SEGS_FOLDER, SUPERBLOCK_KEY};
 use super::remote::Remote;
 use super::snapshot::{download, fetch_manifest};
-use super::{ObjectBackend, ObjectOptions, S3Url, DEFAULT_DIRTY_LIMIT};
+use super::{scratch_beside, ObjectBackend, ObjectOptions, S3Url, DEFAULT_DIRTY_LIMIT};
 use crate::error::{Error, Result};
 use crate::fsck::{fsck_with, FsckProblem, FsckReport, ProblemKind};
 use crate::open::read_superblock;
@@ -96,18 +96,7 @@ pub fn walk_chunk(
                 h.raw_len
             ))
         } else {
-            let rec = ExtentRec {
-                segment: id,
-                seg_offset: at,
-                stored_len: h.stored_len,
-                raw_len: h.raw_len,
-                codec: h.codec,
-                level: h.level,
-                crc: h.crc,
-                refs: 0,
-                ino: h.ino,
-                dict: h.dict,
-            };
+            let rec = ExtentRec::from_header(id, at, &h);
             if h.dict != 0 {
                 // Compressed with a store dictionary, which lives in the metadata: without
                 // it the stored bytes can be checked, not decoded.
@@ -179,20 +168,7 @@ pub fn fsck_bucket(
             path: PathBuf::from(url.to_string()),
             reason: "the bucket has no compfs superblock there".into(),
         })?;
-    let cache_dir = o.cache_dir_for(url);
-    let parent = cache_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent)?;
-    let scratch = parent.join(format!(
-        ".fsck-{}-{}",
-        std::process::id(),
-        cache_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    ));
+    let scratch = scratch_beside(&o.cache_dir_for(url), "fsck")?;
     let _ = std::fs::remove_dir_all(&scratch);
     let r = check_in(&remote, &sb_bytes, &scratch, full, progress);
     let _ = std::fs::remove_dir_all(&scratch);

@@ -315,6 +315,24 @@ struct MetaUploaderHook {
     pending: Mutex<Option<Instant>>,
 }
 
+/// A scratch directory `.TAG-PID-NAME` beside the cache directory `cache_dir` (its parent is
+/// created); the caller removes it before and after use.
+pub(super) fn scratch_beside(cache_dir: &Path, tag: &str) -> Result<PathBuf> {
+    let parent = cache_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&parent)?;
+    Ok(parent.join(format!(
+        ".{tag}-{}-{}",
+        std::process::id(),
+        cache_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    )))
+}
+
 fn not_store(url: &S3Url, reason: &str) -> Error {
     Error::NotAStore {
         path: PathBuf::from(url.to_string()),
@@ -359,20 +377,7 @@ pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions, tuning: Tuni
     for k in ours {
         remote.delete(&k)?;
     }
-    let cache_dir = o.cache_dir_for(url);
-    let parent = cache_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent)?;
-    let scratch = parent.join(format!(
-        ".mkfs-{}-{}",
-        std::process::id(),
-        cache_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    ));
+    let scratch = scratch_beside(&o.cache_dir_for(url), "mkfs")?;
     let _ = std::fs::remove_dir_all(&scratch);
     let r = (|| -> Result<()> {
         let backend = ObjectBackend::open(

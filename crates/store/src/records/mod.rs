@@ -810,6 +810,22 @@ pub struct ExtentRec {
 }
 
 impl ExtentRec {
+    /// The record of the extent whose header `h` stands at `seg_offset` in `segment`, with no
+    /// references yet.
+    pub fn from_header(segment: u64, seg_offset: u64, h: &ExtentHeader) -> ExtentRec {
+        ExtentRec {
+            segment,
+            seg_offset,
+            stored_len: h.stored_len,
+            raw_len: h.raw_len,
+            codec: h.codec,
+            level: h.level,
+            crc: h.crc,
+            refs: 0,
+            ino: h.ino,
+            dict: h.dict,
+        }
+    }
     /// Bytes the extent occupies in its segment (header included).
     pub fn footprint(&self) -> u64 {
         EXT_HEADER_LEN as u64 + self.stored_len as u64
