@@ -467,6 +467,7 @@ const HAS_INLINE: u8 = 8;
 /// (format version 3; reserved, 0, before), raw length u32, CRC-32C u32).
 const INLINE_V2_HEAD: usize = 12;
 
+#[cfg(any(test, feature = "internals"))]
 fn put_ts(b: &mut Vec<u8>, t: Timestamp) {
     b.extend_from_slice(&t.secs.to_le_bytes());
     b.extend_from_slice(&t.nsecs.to_le_bytes());
