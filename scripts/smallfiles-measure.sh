@@ -2,7 +2,8 @@
 # Store size of a tree copied onto compfs (compress=zstd:3) and onto kernel btrfs, and the sum of
 # each file compressed alone with zstd -3 (with and without a dictionary trained on 2,000 of
 # the files). Issue 16's measurement. Needs root (loop device, FUSE, drop_caches).
-# usage: smallfiles-measure.sh TREE WORKDIR COMPFS_BIN[:LABEL]... [-- btrfs] [-- zstd]
+# usage: smallfiles-measure.sh TREE WORKDIR COMPFS_BIN:LABEL[:OPTS]... [btrfs] [zstd]
+# (OPTS: more mount options after compress=zstd:3, e.g. dict=off; KEEP_STORES=1 keeps the stores)
 set -euo pipefail
 tree=$1; work=$2; shift 2
 mkdir -p "$work"
@@ -28,21 +29,23 @@ for arg in "$@"; do
     sum=0; while IFS= read -r -d '' f; do n=$(zstd -3 -c -q -D "$work/dict" "$f" | wc -c); sum=$((sum + n)); done < <(find "$tree" -type f -print0)
     echo "each file alone, zstd -3 with a dictionary trained on 2,000 files: $sum bytes (+ dictionary $(stat -c %s "$work/dict"))" ;;
   *)
-    bin=${arg%%:*}; label=${arg#*:}; st=$work/store-$label; mnt=$work/mnt-$label
+    bin=${arg%%:*}; rest=${arg#*:}; label=${rest%%:*}; opts=compress=zstd:3
+    [ "$rest" != "$label" ] && opts="$opts,${rest#*:}"
+    st=$work/store-$label; mnt=$work/mnt-$label
     rm -rf "$st"; mkdir -p "$mnt"
     "$bin" mkfs "$st" >/dev/null
-    "$bin" mount --log "$work/compfs-$label.log" -o compress=zstd:3 "$st" "$mnt"
+    "$bin" mount --log "$work/compfs-$label.log" -o "$opts" "$st" "$mnt"
     s=$(date +%s.%N); cp -r "$tree" "$mnt/t"; sync -f "$mnt"; e=$(date +%s.%N)
     mounted=$(du -sb "$st" | cut -f1)
     "$bin" umount "$mnt"
     seg=$(du -sb "$st/segments" | cut -f1); meta=$(stat -c %s "$st/meta.redb"); all=$(du -sb "$st" | cut -f1)
-    echo "compfs $label: store after unmount $all bytes (segments $seg, meta.redb $meta; $mounted while mounted); cp -r + sync $(echo "$e - $s" | bc) s"
-    "$bin" mount --log "$work/compfs-$label.log" -o compress=zstd:3 "$st" "$mnt"
+    echo "compfs $label ($opts): store after unmount $all bytes (segments $seg, meta.redb $meta; $mounted while mounted); cp -r + sync $(echo "$e - $s" | bc) s"
+    "$bin" mount --log "$work/compfs-$label.log" -o "$opts" "$st" "$mnt"
     dc; s=$(date +%s.%N); tar c -C "$mnt" t | cat > /dev/null; e=$(date +%s.%N)
     one=$(find "$mnt/t" -type f -size -3k -print -quit)
     dc; s2=$(date +%s%N); cat "$one" > /dev/null; e2=$(date +%s%N)
     echo "compfs $label: cold tar c | cat $(echo "$e - $s" | bc) s; cold read of one small file $(( (e2 - s2) / 1000 )) us"
     "$bin" usage "$mnt/t" | sed "s/^/  /"
-    "$bin" umount "$mnt"; rm -rf "$st" ;;
+    "$bin" umount "$mnt"; [ -n "${KEEP_STORES:-}" ] || rm -rf "$st" ;;
   esac
 done

@@ -88,7 +88,7 @@ fn reserved_bytes_must_be_zero() {
     // Version 2: the unused presence bits (byte 72). The inline data's u16 at bytes 75..77
     // (when inline data is the only optional part), reserved in format version 2, is the
     // dictionary id in version 3.
-    let b = inode.encode();
+    let b = inode.encode_v2();
     assert_eq!(b[72], 8);
     for bit in 4..8 {
         let mut c = b.clone();
@@ -101,6 +101,14 @@ fn reserved_bytes_must_be_zero() {
         poke(&mut c, i, None);
         let r = InodeRec::decode(&c).expect("dictionary id");
         assert_eq!(r.inline.map(|i| i.dict), Some(1 << (8 * (i - 75))));
+    }
+    // Version 3 (format version 3): the unused presence bits (byte 2).
+    let b = inode.encode();
+    assert_eq!((b[0], b[2]), (3, 8));
+    for bit in 4..8 {
+        let mut c = b.clone();
+        c[2] |= 1 << bit;
+        assert!(InodeRec::decode(&c).is_err(), "v3 presence bit {bit}");
     }
 
     let e = ExtentRec {
@@ -116,7 +124,7 @@ fn reserved_bytes_must_be_zero() {
         dict: 0,
     };
     for i in 26..28 {
-        let mut b = e.encode();
+        let mut b = e.encode_fixed();
         assert!(ExtentRec::decode(&b).is_ok());
         poke(&mut b, i, None);
         let d = ExtentRec::decode(&b).expect("dictionary id");

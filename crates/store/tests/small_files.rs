@@ -289,6 +289,9 @@ fn table_costs(dir: &std::path::Path) {
         s.page_size()
     );
     w.abort().unwrap();
+    if std::env::var_os("COMPFS_TRY_REPACK").is_some() {
+        try_repack(dir, &db);
+    }
     if std::env::var_os("COMPFS_TRY_COMPACT").is_some() {
         db.compact().unwrap();
         drop(db);
@@ -401,4 +404,96 @@ fn measure_dict() {
             );
         }
     }
+}
+
+/// What a rebuild of the tables could save (measurement only, `COMPFS_TRY_REPACK`): copies
+/// every table into a fresh database, inserting each table's rows in two passes (every other
+/// row, then the rest) so that redb's half splits of the first pass are filled by the second,
+/// and prints that file's size after compaction.
+fn try_repack(dir: &std::path::Path, src: &redb::Database) {
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    let path = dir.join("repacked.redb");
+    let mut dst = redb::Database::create(&path).unwrap();
+    let r = src.begin_read().unwrap();
+    let w = dst.begin_write().unwrap();
+    macro_rules! copy {
+        ($name:literal, $k:ty, $v:ty, |$kk:ident| $kown:expr, |$vv:ident| $vown:expr, |$o:ident, $a:ident, $b:ident| $ins:expr) => {{
+            let def: TableDefinition<$k, $v> = TableDefinition::new($name);
+            let t = r.open_table(def).unwrap();
+            let rows: Vec<_> = t
+                .iter()
+                .unwrap()
+                .map(|e| {
+                    let (k, v) = e.unwrap();
+                    let ($kk, $vv) = (k.value(), v.value());
+                    ($kown, $vown)
+                })
+                .collect();
+            let mut $o = w.open_table(def).unwrap();
+            for pass in 0..2 {
+                for (i, ($a, $b)) in rows.iter().enumerate() {
+                    if i % 2 == pass {
+                        $ins;
+                    }
+                }
+            }
+        }};
+    }
+    copy!("inodes", u64, &[u8], |k| k, |v| v.to_vec(), |o, a, b| o
+        .insert(*a, b.as_slice())
+        .unwrap());
+    copy!(
+        "dirents",
+        (u64, &[u8]),
+        &[u8],
+        |k| (k.0, k.1.to_vec()),
+        |v| v.to_vec(),
+        |o, a, b| o.insert((a.0, a.1.as_slice()), b.as_slice()).unwrap()
+    );
+    copy!(
+        "dir_index",
+        (u64, u64),
+        &[u8],
+        |k| k,
+        |v| v.to_vec(),
+        |o, a, b| o.insert(*a, b.as_slice()).unwrap()
+    );
+    copy!(
+        "extent_map",
+        (u64, u64),
+        &[u8],
+        |k| k,
+        |v| v.to_vec(),
+        |o, a, b| o.insert(*a, b.as_slice()).unwrap()
+    );
+    copy!("extents", u64, &[u8], |k| k, |v| v.to_vec(), |o, a, b| o
+        .insert(*a, b.as_slice())
+        .unwrap());
+    copy!(
+        "segment_extents",
+        (u64, u64),
+        u64,
+        |k| k,
+        |v| v,
+        |o, a, b| o.insert(*a, *b).unwrap()
+    );
+    copy!("dicts", u16, &[u8], |k| k, |v| v.to_vec(), |o, a, b| o
+        .insert(*a, b.as_slice())
+        .unwrap());
+    w.commit().unwrap();
+    drop(r);
+    dst.compact().unwrap();
+    let s = dst.begin_write().unwrap().stats().unwrap();
+    println!(
+        "  repacked (two passes): stored {} fragmented {} leaf pages {}",
+        s.stored_bytes(),
+        s.fragmented_bytes(),
+        s.leaf_pages()
+    );
+    drop(dst);
+    println!(
+        "  repacked meta.redb {}",
+        std::fs::metadata(&path).unwrap().len()
+    );
+    std::fs::remove_file(&path).unwrap();
 }

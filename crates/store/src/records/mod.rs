@@ -467,6 +467,7 @@ const HAS_INLINE: u8 = 8;
 /// (format version 3; reserved, 0, before), raw length u32, CRC-32C u32).
 const INLINE_V2_HEAD: usize = 12;
 
+#[cfg(any(test, feature = "internals"))]
 fn put_ts(b: &mut Vec<u8>, t: Timestamp) {
     b.extend_from_slice(&t.secs.to_le_bytes());
     b.extend_from_slice(&t.nsecs.to_le_bytes());
@@ -479,9 +480,11 @@ fn ts_at(b: &[u8], o: usize) -> Timestamp {
 }
 
 impl InodeRec {
-    /// Encodes the record in its version-2 layout (see docs/format.md): 73 fixed bytes, then
-    /// only the optional fields the inode uses.
-    pub fn encode(&self) -> Vec<u8> {
+    /// Encodes the record in the version-2 layout (format version 2; tests of its decoder):
+    /// 73 fixed bytes, then only the optional fields the inode uses.
+    #[cfg(any(test, feature = "internals"))]
+    #[doc(hidden)]
+    pub fn encode_v2(&self) -> Vec<u8> {
         let inline_len = self
             .inline
             .as_ref()
@@ -533,11 +536,13 @@ impl InodeRec {
         b
     }
 
-    /// Decodes a version-2 record, or a version-1 record as format version 1 wrote it.
+    /// Decodes a version-3 record, or a version-2 or version-1 record as format versions 2
+    /// and 1 wrote them.
     pub fn decode(b: &[u8]) -> Result<InodeRec, DecodeError> {
         match b.first() {
             Some(1) => InodeRec::decode_v1(b),
             Some(2) => InodeRec::decode_v2(b),
+            Some(3) => InodeRec::decode_v3(b),
             _ => Err(short("inode", b.len())),
         }
     }
@@ -720,16 +725,18 @@ pub struct DirentRec {
 }
 
 impl DirentRec {
-    pub fn encode(&self) -> [u8; 17] {
+    /// The fixed 17-byte layout (format versions 1 and 2; see [`DirentRec::encode`]).
+    pub fn encode_fixed(&self) -> [u8; 17] {
         let mut b = [0u8; 17];
         b[0..8].copy_from_slice(&self.ino.to_le_bytes());
         b[8] = self.kind.code();
         b[9..17].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
+    /// Decodes the fixed layout (17 bytes) or the compact one (any other length).
     pub fn decode(b: &[u8]) -> Result<DirentRec, DecodeError> {
         if b.len() != 17 {
-            return Err(short("dirent", b.len()));
+            return DirentRec::decode_compact(b);
         }
         Ok(DirentRec {
             ino: u64_at(b, 0),
@@ -752,7 +759,8 @@ pub struct MapRec {
 }
 
 impl MapRec {
-    pub fn encode(&self) -> [u8; 16] {
+    /// The fixed 16-byte layout (format versions 1 and 2; see [`MapRec::encode`]).
+    pub fn encode_fixed(&self) -> [u8; 16] {
         let mut b = [0u8; 16];
         b[0..8].copy_from_slice(&self.extent.to_le_bytes());
         b[8..12].copy_from_slice(&self.ext_offset.to_le_bytes());
@@ -763,7 +771,9 @@ impl MapRec {
     /// is an error (readers compute `offset + len - 1` and `ext_offset + len` from it).
     pub fn decode(b: &[u8]) -> Result<MapRec, DecodeError> {
         if b.len() != 16 {
-            return Err(short("extent map", b.len()));
+            let m = MapRec::decode_compact(b)?;
+            m.check_within(compfs_codec::MAX_EXTENT as u64)?;
+            return Ok(m);
         }
         let m = MapRec {
             extent: u64_at(b, 0),
@@ -830,7 +840,8 @@ impl ExtentRec {
     pub fn footprint(&self) -> u64 {
         EXT_HEADER_LEN as u64 + self.stored_len as u64
     }
-    pub fn encode(&self) -> [u8; 44] {
+    /// The fixed 44-byte layout (format versions 1 and 2; see [`ExtentRec::encode`]).
+    pub fn encode_fixed(&self) -> [u8; 44] {
         let mut b = [0u8; 44];
         b[0..8].copy_from_slice(&self.segment.to_le_bytes());
         b[8..16].copy_from_slice(&self.seg_offset.to_le_bytes());
@@ -844,9 +855,12 @@ impl ExtentRec {
         b[36..44].copy_from_slice(&self.ino.to_le_bytes());
         b
     }
+    /// Decodes the fixed layout (44 bytes) or the compact one (any other length).
     pub fn decode(b: &[u8]) -> Result<ExtentRec, DecodeError> {
         if b.len() != 44 {
-            return Err(short("extent", b.len()));
+            let x = ExtentRec::decode_compact(b)?;
+            check_lengths("extent", x.raw_len as usize, x.stored_len as usize)?;
+            return Ok(x);
         }
         check_lengths("extent", u32_at(b, 20) as usize, u32_at(b, 16) as usize)?;
         Ok(ExtentRec {
@@ -864,6 +878,7 @@ impl ExtentRec {
     }
 }
 
+mod compact;
 mod dict;
 mod prealloc;
 mod segment;

@@ -69,11 +69,19 @@ fn decoders_give_typed_errors() {
         SegmentHeader::decode(&[0u8; SEG_HEADER_LEN as usize]),
         Err(DecodeError::BadMagic { what: "segment" })
     );
+    // Any length but 17 is the compact layout (format version 3).
     assert_eq!(
         DirentRec::decode(&[0u8; 16]),
+        Err(DecodeError::BadKind {
+            what: "dirent",
+            code: 0
+        })
+    );
+    assert_eq!(
+        DirentRec::decode(&[1, 1, 1, 0]),
         Err(DecodeError::Malformed {
             what: "dirent",
-            len: 16
+            len: 4
         })
     );
     let mut de = [0u8; 17];
@@ -181,6 +189,8 @@ fn records_round_trip_and_reject_garbage() {
         assert_eq!(InodeRec::decode(&r.encode()).unwrap(), r);
         // The version-1 layout still decodes (checksum computed for its inline data).
         assert_eq!(InodeRec::decode(&r.encode_v1()).unwrap(), r);
+        // So does the version-2 layout.
+        assert_eq!(InodeRec::decode(&r.encode_v2()).unwrap(), r);
         // Every optional field absent: the shortest record.
         let bare = InodeRec {
             rdev: 0,
@@ -190,7 +200,8 @@ fn records_round_trip_and_reject_garbage() {
             inline: None,
             ..r.clone()
         };
-        assert_eq!(bare.encode().len(), 73);
+        assert_eq!(bare.encode_v2().len(), 73);
+        assert!(bare.encode().len() < 73);
         assert_eq!(InodeRec::decode(&bare.encode()).unwrap(), bare);
     }
     assert!(InodeRec::decode(&[1, 2, 3]).is_err());
@@ -339,7 +350,7 @@ mod props {
 
         #[test]
         fn damaged_records_never_panic(r in inode(), at in any::<prop::sample::Index>(), bit in 0u8..8, cut in any::<prop::sample::Index>()) {
-            for b in [r.encode(), r.encode_v1()] {
+            for b in [r.encode(), r.encode_v2(), r.encode_v1()] {
                 prop_assert_eq!(&InodeRec::decode(&b).unwrap(), &r);
                 let mut c = b.clone();
                 let i = at.index(c.len());
@@ -357,7 +368,8 @@ mod props {
         ) {
             let x = ExtentRec { segment, seg_offset, stored_len, raw_len, codec, level, crc, refs, ino, dict };
             prop_assert_eq!(ExtentRec::decode(&x.encode()).unwrap(), x);
-            let mut big = x.encode();
+            prop_assert_eq!(ExtentRec::decode(&x.encode_fixed()).unwrap(), x);
+            let mut big = x.encode_fixed();
             big[20..24].copy_from_slice(&(MAX_EXTENT as u32 + 1).to_le_bytes());
             prop_assert!(ExtentRec::decode(&big).is_err());
         }
