@@ -2,7 +2,7 @@
 //! the same command on the unmounted store, alternating, each run on a fresh copy of one store
 //! written at FROM. Both sides go through [`defrag_run`] (the code of `compfs defrag`): on the
 //! mount one `compfs.defrag` request per file, then an fsync of the mount's root (the store's
-//! sync); unmounted, [`Store::defrag`] per file, then the store's sync and close.
+//! sync); unmounted, [`compfs_store::Store::defrag`] per file, then the store's sync and close.
 
 use std::path::Path;
 use std::time::Instant;

@@ -482,7 +482,7 @@ impl ObjectBackend {
         Ok(ObjectBackend { shared })
     }
 
-    /// `-o writeback`: uploads every chunk queued so far (see [`Shared::drain`]).
+    /// `-o writeback`: uploads every chunk queued so far (in queue order; the uploader thread does the same in the background).
     pub fn drain(&self) -> io::Result<()> {
         self.shared.drain()
     }
