@@ -122,8 +122,9 @@ impl Shared {
         }
     }
 
-    /// Queues `items` for fetching ahead, starting the worker that serves the queue (in
-    /// batches of [`readahead::READAHEAD_BLOCKS`] parallel GETs) if none runs.
+    /// Queues `items` for fetching ahead, starting another worker to serve the queue (in
+    /// batches of [`readahead::WORKER_BATCH`] parallel GETs) while fewer than
+    /// [`readahead::WORKERS`] run.
     fn queue_ahead(self: &Arc<Self>, items: &[Ahead]) {
         if !self.ahead_q.push(items) {
             return;
@@ -132,7 +133,7 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("compfs-s3-prefetch".into())
             .spawn(move || loop {
-                let batch = shared.ahead_q.take(readahead::READAHEAD_BLOCKS as usize);
+                let batch = shared.ahead_q.take(readahead::WORKER_BATCH);
                 if batch.is_empty() {
                     break;
                 }
