@@ -5,14 +5,9 @@ use compfs_codec::Algorithm;
 
 use super::{
     check_lengths, short, u32_at, DecodeError, DirentRec, ExtentRec, Inline, InodeRec, MapRec,
+    HAS_DIR, HAS_DISK, HAS_INLINE, HAS_RDEV,
 };
 use crate::types::{FileKind, Timestamp};
-
-/// Presence bits of a version-3 inode record (byte 2); the same bits as version 2's.
-const HAS_RDEV: u8 = 1;
-const HAS_DIR: u8 = 2;
-const HAS_DISK: u8 = 4;
-const HAS_INLINE: u8 = 8;
 
 /// Appends `v` as an unsigned LEB128 varint (7 bits a byte, low first; 1..=10 bytes).
 pub(crate) fn put_uvar(b: &mut Vec<u8>, mut v: u64) {
@@ -110,19 +105,7 @@ impl InodeRec {
         let mut b = Vec::with_capacity(48 + inline_len);
         b.push(3); // record version
         b.push(self.kind.code());
-        let mut has = 0u8;
-        if self.rdev != 0 {
-            has |= HAS_RDEV;
-        }
-        if self.parent != 0 || self.next_seq != 0 {
-            has |= HAS_DIR;
-        }
-        if self.disk_bytes != 0 {
-            has |= HAS_DISK;
-        }
-        if self.inline.is_some() {
-            has |= HAS_INLINE;
-        }
+        let has = self.presence();
         b.push(has);
         put_uvar(&mut b, self.perm as u64);
         put_uvar(&mut b, self.nlink as u64);

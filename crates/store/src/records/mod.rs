@@ -458,11 +458,11 @@ pub struct InodeRec {
 const INODE_V1_FIXED: usize = 112;
 /// Fixed part of a version-2 inode record: up to and including the presence byte.
 const INODE_V2_FIXED: usize = 73;
-/// Presence bits of a version-2 inode record (byte 72).
-const HAS_RDEV: u8 = 1;
-const HAS_DIR: u8 = 2;
-const HAS_DISK: u8 = 4;
-const HAS_INLINE: u8 = 8;
+/// Presence bits of a version-2 inode record (byte 72) and of a version-3 one (byte 2).
+pub(super) const HAS_RDEV: u8 = 1;
+pub(super) const HAS_DIR: u8 = 2;
+pub(super) const HAS_DISK: u8 = 4;
+pub(super) const HAS_INLINE: u8 = 8;
 /// Length of the inline-data header of a version-2 record (codec, level, dictionary id u16
 /// (format version 3; reserved, 0, before), raw length u32, CRC-32C u32).
 const INLINE_V2_HEAD: usize = 12;
@@ -480,6 +480,24 @@ fn ts_at(b: &[u8], o: usize) -> Timestamp {
 }
 
 impl InodeRec {
+    /// The presence bits of the optional fields this inode uses (versions 2 and 3).
+    pub(super) fn presence(&self) -> u8 {
+        let mut has = 0u8;
+        if self.rdev != 0 {
+            has |= HAS_RDEV;
+        }
+        if self.parent != 0 || self.next_seq != 0 {
+            has |= HAS_DIR;
+        }
+        if self.disk_bytes != 0 {
+            has |= HAS_DISK;
+        }
+        if self.inline.is_some() {
+            has |= HAS_INLINE;
+        }
+        has
+    }
+
     /// Encodes the record in the version-2 layout (format version 2; tests of its decoder):
     /// 73 fixed bytes, then only the optional fields the inode uses.
     #[cfg(any(test, feature = "internals"))]
@@ -501,19 +519,7 @@ impl InodeRec {
         put_ts(&mut b, self.mtime);
         put_ts(&mut b, self.ctime);
         put_ts(&mut b, self.crtime);
-        let mut has = 0u8;
-        if self.rdev != 0 {
-            has |= HAS_RDEV;
-        }
-        if self.parent != 0 || self.next_seq != 0 {
-            has |= HAS_DIR;
-        }
-        if self.disk_bytes != 0 {
-            has |= HAS_DISK;
-        }
-        if self.inline.is_some() {
-            has |= HAS_INLINE;
-        }
+        let has = self.presence();
         b.push(has);
         if has & HAS_RDEV != 0 {
             b.extend_from_slice(&self.rdev.to_le_bytes());
