@@ -105,6 +105,34 @@ pub(crate) fn overlap(ranges: &[(u64, u64)], start: u64, end: u64) -> u64 {
         .sum()
 }
 
+/// The reserved ranges of `ino` that overlap `[start, end)`, in order: the one starting
+/// before `start` (at most one, the ranges being disjoint) and those starting inside. Two
+/// range lookups, however many ranges the file has (random writes into one large
+/// `fallocate`d file split it into thousands).
+fn overlapping_in<T>(t: &T, ino: Ino, start: u64, end: u64) -> Result<Vec<(u64, u64)>>
+where
+    T: ReadableTable<(u64, u64), &'static [u8]>,
+{
+    let mut out = Vec::new();
+    if start >= end {
+        return Ok(out);
+    }
+    if let Some(r) = t.range((ino, 0)..(ino, start))?.next_back() {
+        let (k, v) = r?;
+        let s = k.value().1;
+        let e = s + dec(PreallocRec::decode(s, v.value()))?.len;
+        if e > start {
+            out.push((s, e));
+        }
+    }
+    for r in t.range((ino, start)..(ino, end))? {
+        let (k, v) = r?;
+        let s = k.value().1;
+        out.push((s, s + dec(PreallocRec::decode(s, v.value()))?.len));
+    }
+    Ok(out)
+}
+
 /// The reserved ranges of `ino` in a read transaction (none in a store whose metadata has no
 /// `prealloc` table yet).
 pub(crate) fn ranges_in(txn: &ReadTransaction, ino: Ino) -> Result<Vec<(u64, u64)>> {
@@ -337,11 +365,19 @@ impl Inner {
         if written.is_empty() || !self.any_reserved() {
             return Ok(None);
         }
-        let ranges = {
+        let n = {
             let txn = self.read_txn()?;
-            ranges_in(&txn, ino)?
+            let t = match txn.open_table(meta::PREALLOC) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            let mut n = 0u64;
+            for &(s, e) in written {
+                n += overlap(&overlapping_in(&t, ino, s, e)?, s, e);
+            }
+            n
         };
-        let n: u64 = written.iter().map(|&(s, e)| overlap(&ranges, s, e)).sum();
         if n == 0 {
             return Ok(None);
         }
@@ -401,25 +437,7 @@ impl Inner {
 impl W<'_> {
     /// The reserved ranges of `ino` overlapping `[start, end)`.
     fn prealloc_overlapping(&self, ino: Ino, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
-        let mut out = Vec::new();
-        if start >= end {
-            return Ok(out);
-        }
-        let t = self.prealloc()?;
-        if let Some(r) = t.range((ino, 0)..(ino, start))?.next_back() {
-            let (k, v) = r?;
-            let s = k.value().1;
-            let e = s + dec(PreallocRec::decode(s, v.value()))?.len;
-            if e > start {
-                out.push((s, e));
-            }
-        }
-        for r in t.range((ino, start)..(ino, end))? {
-            let (k, v) = r?;
-            let s = k.value().1;
-            out.push((s, s + dec(PreallocRec::decode(s, v.value()))?.len));
-        }
-        Ok(out)
+        overlapping_in(self.prealloc()?, ino, start, end)
     }
 
     fn prealloc_put(&mut self, ino: Ino, s: u64, e: u64) -> Result<()> {
@@ -521,5 +539,42 @@ mod tests {
     fn overlap_counts_bytes_inside() {
         assert_eq!(overlap(&[(0, 10), (20, 30)], 5, 25), 10);
         assert_eq!(overlap(&[(0, 10)], 10, 20), 0);
+    }
+
+    proptest::proptest! {
+        /// The two-lookup query returns exactly the ranges of the file that a scan of all of
+        /// them finds overlapping, for disjoint ranges of two files side by side.
+        #[test]
+        fn overlapping_in_matches_a_scan(
+            lens in proptest::collection::vec((0u64..50, 1u64..50), 0..40),
+            start in 0u64..2500,
+            len in 0u64..600,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+            let mut mine = Vec::new();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(meta::PREALLOC).unwrap();
+                let mut at = 0;
+                for (gap, l) in &lens {
+                    let s = at + gap;
+                    let rec = PreallocRec { len: *l };
+                    t.insert((7u64, s), rec.encode().as_slice()).unwrap();
+                    // Another file's ranges around it must not be returned.
+                    t.insert((6u64, s), rec.encode().as_slice()).unwrap();
+                    t.insert((8u64, s), rec.encode().as_slice()).unwrap();
+                    mine.push((s, s + l));
+                    at = s + l;
+                }
+            }
+            txn.commit().unwrap();
+            let end = start + len;
+            let want: Vec<(u64, u64)> =
+                mine.iter().copied().filter(|&(a, b)| a < end && b > start).collect();
+            let txn = redb::ReadableDatabase::begin_read(&db).unwrap();
+            let t = txn.open_table(meta::PREALLOC).unwrap();
+            proptest::prop_assert_eq!(overlapping_in(&t, 7, start, end).unwrap(), want);
+        }
     }
 }
