@@ -1,7 +1,7 @@
 //! The object layout of a store in a bucket (see docs/format.md, "Stores on object storage"):
 //! key names, their parsing, and the metadata manifest's encoding. Pure functions, tested alone.
 
-use crate::records::segment_file_name;
+use crate::records::{segment_file_name, u32_at, u64_at};
 
 /// Key of the store's superblock (the same bytes as the local `superblock` file).
 pub const SUPERBLOCK_KEY: &str = "superblock";
@@ -129,28 +129,18 @@ impl Manifest {
             return Err(ManifestError::Truncated(b.len()));
         }
         let (body, tail) = b.split_at(b.len() - 4);
-        let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+        let stored = u32_at(tail, 0);
         if crc32c::crc32c(body) != stored {
             return Err(ManifestError::BadChecksum);
         }
-        let u64_at = |o: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&body[o..o + 8]);
-            u64::from_le_bytes(a)
-        };
-        let u32_at = |o: usize| {
-            let mut a = [0u8; 4];
-            a.copy_from_slice(&body[o..o + 4]);
-            u32::from_le_bytes(a)
-        };
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&body[8..24]);
-        let gen = u64_at(24);
-        let file_len = u64_at(32);
-        if u32_at(40) as u64 != PIECE_SIZE {
+        let gen = u64_at(body, 24);
+        let file_len = u64_at(body, 32);
+        if u32_at(body, 40) as u64 != PIECE_SIZE {
             return Err(ManifestError::BadField("piece size"));
         }
-        let n = u32_at(44) as usize;
+        let n = u32_at(body, 44) as usize;
         if Manifest::pieces_for(file_len) != n as u64 {
             return Err(ManifestError::BadField("piece count"));
         }
@@ -161,8 +151,8 @@ impl Manifest {
             .map(|i| {
                 let o = MANIFEST_HEAD + i * PIECE_REC;
                 Piece {
-                    gen: u64_at(o),
-                    crc: u32_at(o + 8),
+                    gen: u64_at(body, o),
+                    crc: u32_at(body, o + 8),
                 }
             })
             .collect();

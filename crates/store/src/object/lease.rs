@@ -19,6 +19,7 @@ use object_store::UpdateVersion;
 
 use super::remote::{CondPut, Remote};
 use crate::error::{Error, Result};
+use crate::records::{u16_at, u32_at, u64_at};
 
 /// The lease's key below the prefix.
 pub const LEASE_KEY: &str = "lease";
@@ -118,14 +119,7 @@ impl LeaseRecord {
         if b[0..8] != LEASE_MAGIC {
             return Err(LeaseError::BadMagic);
         }
-        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(a)
-        };
-        let v = u16_at(8);
+        let v = u16_at(b, 8);
         if v != LEASE_VERSION {
             return Err(LeaseError::Version(v));
         }
@@ -137,7 +131,7 @@ impl LeaseRecord {
                 want,
             });
         }
-        if crc32c::crc32c(&b[..FIXED + hl]) != u32_at(FIXED + hl) {
+        if crc32c::crc32c(&b[..FIXED + hl]) != u32_at(b, FIXED + hl) {
             return Err(LeaseError::Checksum);
         }
         let state = match b[10] {
@@ -154,13 +148,13 @@ impl LeaseRecord {
             .to_string();
         Ok(LeaseRecord {
             state,
-            pid: u32_at(12),
+            pid: u32_at(b, 12),
             mount_id,
             boot_id,
-            taken_ms: u64_at(48),
-            expires_ms: u64_at(56),
-            timeout_ms: u32_at(64),
-            renewals: u32_at(68),
+            taken_ms: u64_at(b, 48),
+            expires_ms: u64_at(b, 56),
+            timeout_ms: u32_at(b, 64),
+            renewals: u32_at(b, 68),
             host,
         })
     }
