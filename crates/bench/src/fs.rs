@@ -65,6 +65,18 @@ pub struct Args {
     /// --methods names).
     #[arg(long, value_name = "s3://BUCKET/PREFIX")]
     pub object_store: Option<String>,
+    /// Instead of the rows above: the small-file rows (issue 16). Each tree (comma-separated
+    /// directories, or `gen:N` for N small text files cut from the corpus) is copied with
+    /// `compress=zstd:3` onto compfs and kernel btrfs: the store directory after unmount
+    /// against btrfs's `df` delta and against each file compressed alone with `zstd -3`, copy
+    /// and cold read times (root). Without a value: /usr/include,/usr/share/doc,gen:100000.
+    #[arg(
+        long,
+        value_name = "TREES",
+        num_args = 0..=1,
+        default_missing_value = crate::smallfiles::DEFAULT_TREES
+    )]
+    pub small_files: Option<String>,
     /// Draw ratio against write MB/s per method (compfs and btrfs) as SVG here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -501,6 +513,13 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
             _ => "zstd:3".to_string(),
         };
         let rows = crate::objstore::run(url, work, &corpus, corpus_bytes, a.copies_fast, &method)?;
+        if let Some(j) = &a.json {
+            std::fs::write(j, serde_json::to_vec_pretty(&rows)?)?;
+        }
+        return Ok(());
+    }
+    if let Some(trees) = &a.small_files {
+        let rows = crate::smallfiles::run(trees, &corpus, work)?;
         if let Some(j) = &a.json {
             std::fs::write(j, serde_json::to_vec_pretty(&rows)?)?;
         }

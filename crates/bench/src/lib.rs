@@ -36,6 +36,7 @@ pub mod objstore;
 pub mod plot;
 pub mod recompress;
 pub mod recompress_mount;
+pub mod smallfiles;
 pub mod store;
 
 pub use error::{Context, Error, Result};
