@@ -137,7 +137,7 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
         let m = Mount::new(
             Path::new(url),
             &mnt,
-            &format!("cache_dir={},writeback", c2.display()),
+            &format!("cache_dir={},writeback,upload_limit=64M", c2.display()),
         );
         assert!(std::fs::read(m.path("more")).unwrap() == more);
         // One writer: a second read-write mount of the store is refused, naming the holder.
@@ -168,8 +168,15 @@ fn s3_store_mount_write_fsync_remount_from_empty_cache() {
         assert!(
             out.contains("s3://compfs/fuse/one: metadata snapshot generation")
                 && out.contains("no changes pending")
-                && out.contains("upload queue: 0 chunks, 0 bytes"),
+                && out.contains("upload queue: 0 chunks, 0 bytes (upload_limit 67108864 bytes)"),
             "{out}"
+        );
+        // `compfs stats` shows the same line.
+        let (ok, out, err) = compfs_env(&srv, &["stats", mnt.to_str().unwrap()]);
+        assert!(
+            ok && out.contains("remote: s3://compfs/fuse/one: metadata snapshot generation")
+                && out.contains("upload queue: 0 chunks, 0 bytes (upload_limit 67108864 bytes)"),
+            "stats: {out}{err}"
         );
         // The machine is lost: another one mounts from an empty cache directory.
         m.kill9();

@@ -47,6 +47,11 @@ struct BatchRun<'a> {
     reserve_delta: i64,
 }
 
+/// What a durable commit leaves to be done once its caller released the batch lock: the
+/// [`crate::object::DurableHook`]'s upload (see [`Inner::finish`]).
+#[must_use = "the upload of a durable commit must run (Inner::finish)"]
+pub(crate) struct AfterCommit(Option<crate::object::AfterLocks>);
+
 /// The held batch: an open write transaction with changes not yet committed.
 pub(crate) struct Held {
     txn: WriteTransaction,
@@ -214,7 +219,9 @@ impl Inner {
             drop(h);
             return Ok(());
         }
-        self.commit(h.txn, false, false)
+        // Not durable: nothing left for after the lock.
+        let AfterCommit(_) = self.commit(h.txn, false, false)?;
+        Ok(())
     }
 
     /// Commits the held batch, if any.
@@ -282,10 +289,11 @@ impl Inner {
             let out = body(&mut w).map_err(|e| self.fail_storage(e))?;
             (out, w.reserve_delta)
         };
-        self.commit(txn, durable, periodic)?;
+        let after = self.commit(txn, durable, periodic)?;
         drop(held);
         // Preallocated bytes added or dropped: the reserve file follows (see `prealloc`).
         self.settle(reserve_delta);
+        self.finish(after)?;
         Ok(out)
     }
 
@@ -301,9 +309,10 @@ impl Inner {
         let (b, res) = self.run_in_batch(body)?;
         match res {
             Ok(out) => {
-                self.commit(b.txn, durable, false)?;
+                let after = self.commit(b.txn, durable, false)?;
                 drop(b.held);
                 self.settle(b.reserve_delta);
+                self.finish(after)?;
                 Ok(out)
             }
             Err(e) => Err(self.failed_in_batch(b, e)),
@@ -399,7 +408,7 @@ impl Inner {
                     || ops >= self.tuning.batch_ops
                     || since.elapsed() >= BATCH_AGE
                 {
-                    self.commit(txn, false, false)?;
+                    let AfterCommit(_) = self.commit(txn, false, false)?;
                     drop(held);
                     self.settle(reserve_delta);
                 } else {
@@ -429,12 +438,15 @@ impl Inner {
     /// once the commit succeeded.
     ///
     /// `periodic`: the flusher's durable commit (see [`Inner::write_as`]).
+    ///
+    /// A durable commit of a store with a [`crate::object::DurableHook`] returns the hook's
+    /// upload, which the caller runs with [`Inner::finish`] once it released the batch lock.
     pub(crate) fn commit(
         &self,
         mut txn: WriteTransaction,
         durable: bool,
         periodic: bool,
-    ) -> Result<()> {
+    ) -> Result<AfterCommit> {
         if durable {
             txn.set_durability(Durability::Immediate)
                 .map_err(|e| self.fail(e.into()))?;
@@ -455,22 +467,46 @@ impl Inner {
             self.sync_segments()?;
         }
         txn.commit().map_err(|e| self.fail(e.into()))?;
+        let mut after = AfterCommit(None);
         if durable {
             if let Some(h) = &self.tuning.after_durable {
                 // redb's write lock, held while the hook copies meta.redb: no commit changes
-                // the file meanwhile, so the copy is the image of this durable commit.
+                // the file meanwhile, so the copy is the image of this durable commit. The
+                // upload itself comes after the locks (`finish`).
                 let hold = self.db.begin_write().map_err(|e| self.fail(e.into()))?;
+                let held_at = Instant::now();
                 // Every commit that changed something is in the file now (the lock is held).
                 let changed = lock(&self.changed).take();
                 let r = h.after_durable_commit(periodic, changed);
                 hold.abort().map_err(|e| self.fail(e.into()))?;
-                r.map_err(|e| self.fail(Error::from_io(e)))?;
+                after = AfterCommit(r.map_err(|e| self.fail(Error::from_io(e)))?);
+                if after.0.is_some() {
+                    tracing::debug!(
+                        "compfs: redb's write lock held {} us for the metadata snapshot's copy",
+                        held_at.elapsed().as_micros()
+                    );
+                }
             }
             *lock(&self.last_durable) = Instant::now();
         }
         if !pending.is_empty() {
             lock(&self.patches).retire(&pending);
         }
+        Ok(after)
+    }
+
+    /// Runs what durable commit left for after its locks (the metadata snapshot's upload); a
+    /// failure latches read-only as a failed commit does.
+    pub(crate) fn finish(&self, after: AfterCommit) -> Result<()> {
+        let Some(upload) = after.0 else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        upload().map_err(|e| self.fail(Error::from_io(e)))?;
+        tracing::debug!(
+            "compfs: metadata snapshot uploaded in {} us, after the commit's locks",
+            start.elapsed().as_micros()
+        );
         Ok(())
     }
 
@@ -496,7 +532,9 @@ impl Inner {
             Some(h) => h.txn,
             None => self.begin()?,
         };
-        self.commit(txn, true, periodic)
+        let after = self.commit(txn, true, periodic)?;
+        drop(held);
+        self.finish(after)
     }
 }
 

@@ -544,6 +544,321 @@ fn a_damaged_upload_queue_file_is_refused_not_uploaded() {
     );
 }
 
+/// `-o writeback` options with an upload queue bound of `limit` bytes and request deadline
+/// `deadline`.
+fn limited_options(
+    srv: &Server,
+    proxy: &FaultProxy,
+    cache: &std::path::Path,
+    limit: u64,
+    deadline: Duration,
+) -> ObjectOptions {
+    ObjectOptions {
+        writeback: true,
+        upload_limit: limit,
+        metadata_interval: Duration::from_secs(3600),
+        ..srv.options_via(proxy, cache, 8 << 20, deadline)
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds; panics (naming `what`) after 60 s. Only for
+/// things that are bound to happen.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} never happened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// 300,000 random bytes (incompressible: about as many stored bytes) for file `i`.
+fn file_data(i: u64) -> Vec<u8> {
+    random(300_000, 100 + i)
+}
+
+/// `-o writeback` with `upload_limit=1M` and the bucket unreachable: three fsyncs of 300 KB
+/// each return (their chunks in the queue), the fourth would pass the bound and waits for
+/// room (the queue stays within it); once the bucket is back the uploader makes room, the
+/// waiting fsync returns and later ones too, and a mount from an empty cache directory reads
+/// every byte.
+#[test]
+fn writeback_fsyncs_wait_at_the_upload_limit_and_go_on_once_the_bucket_is_back() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/wb-limit").unwrap();
+    let limit = 1u64 << 20;
+    // A deadline far longer than the test's black hole: nothing gives up meanwhile.
+    let o = limited_options(
+        &srv,
+        &proxy,
+        &t.path().join("c1"),
+        limit,
+        Duration::from_secs(60),
+    );
+    mkfs(&url, &o);
+    let h = Arc::new(open_s3(&url, &o));
+    assert_eq!(h.backend.queue_limit(), Some((limit, 0)));
+    proxy.black_hole(true);
+    for i in 0..3u64 {
+        let ino = new_file(&h.store, &format!("f{i}"), &file_data(i));
+        h.store.fsync(ino, false).unwrap();
+    }
+    let (n, bytes) = h.backend.queued().unwrap();
+    assert!(
+        n > 0 && bytes >= 900_000 && bytes <= limit,
+        "{n} chunks, {bytes} bytes queued"
+    );
+    // The fourth: 300 KB more do not fit, and nothing leaves the queue.
+    let ino = new_file(&h.store, "f3", &file_data(3));
+    let fsync = {
+        let h = h.clone();
+        std::thread::spawn(move || h.store.fsync(ino, false))
+    };
+    wait_for("a sync waiting for room in the upload queue", || {
+        h.backend.queue_limit().unwrap().1 > 0
+    });
+    let status = h.store.remote_status().unwrap();
+    assert!(
+        status.contains(&format!(
+            "(upload_limit {limit} bytes; syncs waiting for room: 1)"
+        )),
+        "{status}"
+    );
+    assert!(
+        !fsync.is_finished(),
+        "the fsync returned with the queue full"
+    );
+    assert!(h.backend.queued().unwrap().1 <= limit);
+    proxy.black_hole(false);
+    fsync.join().unwrap().unwrap();
+    for i in 4..6u64 {
+        let ino = new_file(&h.store, &format!("f{i}"), &file_data(i));
+        h.store.fsync(ino, false).unwrap();
+    }
+    let h = Arc::into_inner(h).unwrap();
+    h.close().unwrap();
+    let o2 = srv.options(&t.path().join("c2"), 0, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    for i in 0..6u64 {
+        assert!(
+            read_named(&h2.store, &format!("f{i}")) == file_data(i),
+            "f{i}"
+        );
+    }
+    h2.close().unwrap();
+}
+
+/// `-o writeback` with `upload_limit=1M`, a 2 s deadline and the bucket unreachable: the fsync
+/// that would pass the bound fails with EIO once no chunk left the queue for the deadline, and
+/// the store refuses further writes. Nothing acknowledged is lost: the next mount from the
+/// cache directory uploads the queue, and a mount from an empty one reads the three files.
+#[test]
+fn a_full_upload_queue_fails_the_fsync_with_eio_after_the_deadline_and_loses_nothing() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/wb-limit-eio").unwrap();
+    let limit = 1u64 << 20;
+    let deadline = Duration::from_secs(2);
+    let o = limited_options(&srv, &proxy, &t.path().join("c1"), limit, deadline);
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    proxy.black_hole(true);
+    for i in 0..3u64 {
+        let ino = new_file(&h.store, &format!("f{i}"), &file_data(i));
+        h.store.fsync(ino, false).unwrap();
+    }
+    let ino = new_file(&h.store, "f3", &file_data(3));
+    let t0 = Instant::now();
+    let e = h.store.fsync(ino, false).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(t0.elapsed() >= deadline, "failed after {:?}", t0.elapsed());
+    let e = h.store.write(ino, 0, b"x").unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+    let e = h
+        .store
+        .mknod(ROOT_INO, b"late", FileKind::File, 0o644, 0, 0, 0)
+        .unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+    // The machine goes on (or crashes): the queue stays as it is; the next mount from this
+    // cache directory (a copy: the abandoned store still holds it) uploads it.
+    h.abandon();
+    drop(proxy);
+    let c1 = t.path().join("c1-after");
+    copy_dir(&t.path().join("c1"), &c1);
+    assert!(std::fs::read_dir(c1.join("upload")).unwrap().count() > 0);
+    let o1 = srv.options(&c1, 0, Duration::from_secs(20));
+    expire_lost_writer(&url, &o1);
+    let h1 = open_s3(&url, &o1);
+    for i in 0..3u64 {
+        assert!(
+            read_named(&h1.store, &format!("f{i}")) == file_data(i),
+            "f{i}"
+        );
+    }
+    h1.close().unwrap();
+    let o2 = srv.options(&t.path().join("c2"), 0, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    for i in 0..3u64 {
+        assert!(
+            read_named(&h2.store, &format!("f{i}")) == file_data(i),
+            "f{i}"
+        );
+    }
+    h2.close().unwrap();
+}
+
+/// The snapshot upload of `compfs sync --remote` waits for the upload queue (the bucket is
+/// unreachable) without holding redb's write lock or the batch lock: meanwhile a new file is
+/// created, written and fsynced, a directory made and a file renamed. Once the bucket is back
+/// the sync returns, and an empty cache directory sees everything.
+#[test]
+fn metadata_writes_go_on_while_a_snapshot_upload_waits_for_the_upload_queue() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(srv.addr(), Faults::default());
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/wb-unlocked").unwrap();
+    let o = limited_options(
+        &srv,
+        &proxy,
+        &t.path().join("c1"),
+        64 << 20,
+        Duration::from_secs(60),
+    );
+    mkfs(&url, &o);
+    let h = Arc::new(open_s3(&url, &o));
+    proxy.black_hole(true);
+    let ino = new_file(&h.store, "queued", &file_data(0));
+    h.store.fsync(ino, false).unwrap();
+    let sync = {
+        let h = h.clone();
+        std::thread::spawn(move || h.store.sync_remote())
+    };
+    wait_for("the snapshot upload waiting for the upload queue", || {
+        h.store
+            .remote_status()
+            .unwrap()
+            .contains("a snapshot upload is waiting for the upload queue")
+    });
+    let ino = new_file(&h.store, "during", &file_data(1));
+    h.store.fsync(ino, false).unwrap();
+    let d = h.store.mkdir(ROOT_INO, b"dir", 0o755, 0, 0).unwrap();
+    h.store
+        .rename(ROOT_INO, b"during", d.ino, b"moved", RenameFlags::default())
+        .unwrap();
+    h.store.sync().unwrap();
+    // Still waiting: the bucket is unreachable and the deadline far off.
+    assert!(h
+        .store
+        .remote_status()
+        .unwrap()
+        .contains("a snapshot upload is waiting for the upload queue"));
+    proxy.black_hole(false);
+    sync.join().unwrap().unwrap();
+    let h = Arc::into_inner(h).unwrap();
+    h.close().unwrap();
+    let o2 = srv.options(&t.path().join("c2"), 0, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    assert!(read_named(&h2.store, "queued") == file_data(0));
+    let d = h2.store.lookup(ROOT_INO, b"dir").unwrap();
+    let m = h2.store.lookup(d.ino, b"moved").unwrap();
+    assert!(read_all(&h2.store, m.ino).unwrap() == file_data(1));
+    h2.close().unwrap();
+}
+
+/// Not a test: how long other metadata writes stall while `compfs sync --remote` uploads the
+/// snapshot (docs/benchmarks-s3.md). A bucket behind a proxy delaying every request by up to
+/// 100 ms. Each round writes and fsyncs a 4 MiB file (with `-o writeback` it waits in the
+/// queue: 16 chunks), makes a directory, starts `sync --remote` in a thread (the drain of the
+/// queue, then the snapshot's pieces and manifest) and, 20 ms later, times a metadata write of
+/// the main thread: a directory and a file created, 4 KiB written (no fsync). Both modes,
+/// rounds alternating; medians and spreads. Run with `cargo test -p compfs-store --test
+/// object_faults -- --ignored --nocapture snapshot_lock_bench`.
+#[test]
+#[ignore]
+fn snapshot_lock_bench() {
+    let srv = Server::start();
+    let proxy = FaultProxy::start(
+        srv.addr(),
+        Faults {
+            seed: 7,
+            delay: 1000,
+            max_delay: Duration::from_millis(100),
+            ..Faults::default()
+        },
+    );
+    let t = tempfile::tempdir().unwrap();
+    let stores: Vec<(&str, Arc<ObjectStoreHandle>)> = [("plain", false), ("writeback", true)]
+        .into_iter()
+        .map(|(name, wb)| {
+            let url = S3Url::parse(&format!("s3://compfs/lock-bench-{name}")).unwrap();
+            let o = ObjectOptions {
+                writeback: wb,
+                metadata_interval: Duration::from_secs(3600),
+                ..srv.options_via(
+                    &proxy,
+                    &t.path().join(name),
+                    8 << 20,
+                    Duration::from_secs(60),
+                )
+            };
+            mkfs(&url, &o);
+            (name, Arc::new(open_s3(&url, &o)))
+        })
+        .collect();
+    let mut meta = vec![Vec::new(); stores.len()];
+    let mut syncs = vec![Vec::new(); stores.len()];
+    for r in 0..12u64 {
+        for (m, (_, h)) in stores.iter().enumerate() {
+            let ino = new_file(&h.store, &format!("big{r}"), &random(4 << 20, r));
+            h.store.fsync(ino, false).unwrap();
+            h.store
+                .mkdir(ROOT_INO, format!("d{r}").as_bytes(), 0o755, 0, 0)
+                .unwrap();
+            let sync = {
+                let h = h.clone();
+                std::thread::spawn(move || {
+                    let t0 = Instant::now();
+                    h.store.sync_remote().unwrap();
+                    t0.elapsed()
+                })
+            };
+            std::thread::sleep(Duration::from_millis(20));
+            let t0 = Instant::now();
+            h.store
+                .mkdir(ROOT_INO, format!("e{r}").as_bytes(), 0o755, 0, 0)
+                .unwrap();
+            new_file(&h.store, &format!("small{r}"), &random(4096, 1000 + r));
+            meta[m].push(t0.elapsed());
+            syncs[m].push(sync.join().unwrap());
+        }
+    }
+    let show = |what: String, v: &mut Vec<Duration>| {
+        v.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        eprintln!(
+            "{what}: median {:.1} ms (min {:.1}, p25 {:.1}, p75 {:.1}, max {:.1}), {} rounds",
+            ms(v[v.len() / 2]),
+            ms(v[0]),
+            ms(v[v.len() / 4]),
+            ms(v[v.len() * 3 / 4]),
+            ms(v[v.len() - 1]),
+            v.len()
+        );
+    };
+    for (m, (name, _)) in stores.iter().enumerate() {
+        show(
+            format!("{name}: metadata write during sync --remote"),
+            &mut meta[m],
+        );
+        show(format!("{name}: sync --remote"), &mut syncs[m]);
+    }
+    for (_, h) in stores {
+        Arc::into_inner(h).unwrap().close().unwrap();
+    }
+}
+
 /// Copies directory `from` (recursively) to `to`.
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -669,3 +669,60 @@ fn writeback_fsync_latency() {
         );
     }
 }
+
+/// Snapshot copies are uploaded in the order they were taken, whatever order their uploads
+/// run in: one taken before a copy already uploaded is skipped (the bucket holds its changes
+/// and more), so the manifest never goes back to an older image and generations stay
+/// gap-free; a copy taken later is uploaded as the next generation, reusing unchanged pieces.
+#[test]
+fn a_snapshot_copy_older_than_the_uploaded_one_is_skipped() {
+    use compfs_store::object::snapshot::{download, fetch_manifest, MetaUploader};
+    use compfs_store::object::Remote;
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/copies").unwrap();
+    let o = options(&srv, &t.path().join("c"), 0, Duration::from_secs(20));
+    let remote = std::sync::Arc::new(Remote::connect(&url, &o.remote).unwrap());
+    let dir = t.path().join("c");
+    std::fs::create_dir_all(&dir).unwrap();
+    let meta = dir.join("meta.redb");
+    let up = MetaUploader::new(remote.clone(), &dir, [5; 16], None);
+    std::fs::write(&meta, random((3 << 20) + 5, 1)).unwrap();
+    let older = up.take_copy().unwrap();
+    let mut image = random((2 << 20) + 7, 2);
+    std::fs::write(&meta, &image).unwrap();
+    let newer = up.take_copy().unwrap();
+    assert!(older.seq() < newer.seq());
+    assert!(up.upload_copy(newer).unwrap());
+    assert_eq!(up.generation(), 1);
+    assert!(
+        !up.upload_copy(older).unwrap(),
+        "an older copy was uploaded"
+    );
+    assert_eq!(up.generation(), 1);
+    let fetched = |n: &str| {
+        let m = fetch_manifest(&remote).unwrap().unwrap();
+        let d = t.path().join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        download(&remote, &m, &d).unwrap();
+        (m, std::fs::read(d.join("meta.redb")).unwrap())
+    };
+    let (m, got) = fetched("d1");
+    assert_eq!(m.gen, 1);
+    assert!(
+        got == image,
+        "the bucket holds another image than the newer copy"
+    );
+    // A later copy changing the second piece only: generation 2, the first piece kept.
+    image[(1 << 20) + 3] ^= 1;
+    std::fs::write(&meta, &image).unwrap();
+    let later = up.take_copy().unwrap();
+    let puts = remote.counts().puts;
+    assert!(up.upload_copy(later).unwrap());
+    assert_eq!(remote.counts().puts - puts, 2, "one piece and the manifest");
+    let (m, got) = fetched("d2");
+    assert_eq!(m.gen, 2);
+    assert_eq!(m.pieces[0].gen, 1);
+    assert_eq!(m.pieces[1].gen, 2);
+    assert!(got == image);
+}

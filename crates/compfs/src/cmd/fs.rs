@@ -504,5 +504,9 @@ pub fn stats(a: StatsArgs) -> Result<ExitCode> {
         .map_err(|e| not_compfs(&a.mountpoint, &e))?
         .ok_or_else(not_root)?;
     print!("{}", StatsRecord::decode(&rec)?.render());
+    // A store in a bucket: its snapshot and upload queue (bytes against upload_limit).
+    if let Ok(Some(remote)) = xattr::get(&a.mountpoint, compfs_fs::report::REMOTE_XATTR) {
+        println!("remote: {}", String::from_utf8_lossy(&remote).trim_end());
+    }
     Ok(ExitCode::SUCCESS)
 }

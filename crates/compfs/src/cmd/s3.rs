@@ -22,7 +22,8 @@ pub fn url_of(p: &Path) -> Result<Option<S3Url>> {
 /// `dirty_limit=SIZE` (appended bytes held in memory before writes wait for uploads);
 /// `metadata_interval=SECONDS` (default 60), `lease_timeout=SECONDS` (default 60);
 /// `writeback` (an fsync returns once its bytes are fsynced in the cache directory's upload
-/// queue, uploaded in the background);
+/// queue, uploaded in the background), `upload_limit=SIZE` (default 1G: bytes that queue may
+/// hold before syncs wait for the uploader);
 /// returns the remaining options for [`compfs_fs::MountOptions::parse`].
 pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
     let mut o = ObjectOptions::default();
@@ -47,6 +48,12 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
                         .ok()
                         .filter(|&n| n >= 1 << 20)
                         .ok_or_else(|| anyhow!("{opt}: want a size of at least 1M, such as 64M"))?
+                }
+                ("upload_limit", Some(v)) => {
+                    o.upload_limit = parse_size(v)
+                        .ok()
+                        .filter(|&n| n >= 1 << 20)
+                        .ok_or_else(|| anyhow!("{opt}: want a size of at least 1M, such as 1G"))?
                 }
                 ("credentials", Some(v)) if !v.is_empty() => {
                     o.remote.credentials = Some(PathBuf::from(v))
@@ -73,7 +80,7 @@ pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
                 ("writeback", Some(_)) => bail!("{opt}: writeback takes no value"),
                 (
                     "cache_dir" | "cache_size" | "credentials" | "timeout" | "dirty_limit"
-                    | "metadata_interval" | "lease_timeout",
+                    | "metadata_interval" | "lease_timeout" | "upload_limit",
                     _,
                 ) => {
                     bail!("{opt}: wants a value")
@@ -174,6 +181,9 @@ mod tests {
         let (rest, o) = split_options(&["writeback,noatime".into()]).unwrap();
         assert_eq!(rest, vec!["noatime".to_string()]);
         assert!(o.writeback);
+        assert_eq!(o.upload_limit, object::DEFAULT_UPLOAD_LIMIT);
+        let (_, o) = split_options(&["writeback,upload_limit=256M".into()]).unwrap();
+        assert_eq!(o.upload_limit, 256 << 20);
         for bad in [
             "cache_size=lots",
             "timeout=0",
@@ -185,6 +195,9 @@ mod tests {
             "metadata_interval",
             "lease_timeout=2",
             "lease_timeout=x",
+            "upload_limit=512K",
+            "upload_limit=x",
+            "upload_limit",
         ] {
             assert!(split_options(&[bad.into()]).is_err(), "{bad}");
         }

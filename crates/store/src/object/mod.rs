@@ -18,6 +18,7 @@ pub mod segments;
 pub mod snapshot;
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,7 @@ const DATA_CACHE_DIR: &str = "cache";
 pub use check::{fsck_bucket, BucketReport};
 pub use remote::{Remote, RemoteConfig, RemoteCounts, S3Url};
 pub use segments::ObjectBackend;
+use segments::WritebackConfig;
 
 use crate::error::{Error, Result};
 use crate::open::read_superblock;
@@ -39,12 +41,21 @@ use blockcache::BlockCache;
 use layout::{parse_chunk_key, parse_piece_key, MANIFEST_KEY, SUPERBLOCK_KEY};
 use snapshot::{download, fetch_manifest, local_generation, MetaUploader};
 
+/// What a [`DurableHook`] leaves to be done once the commit released its locks: the upload.
+pub type AfterLocks = Box<dyn FnOnce() -> io::Result<()> + Send>;
+
 /// Called by every durable commit once redb committed, with redb's write lock held (so no
-/// other commit changes `meta.redb` meanwhile); a failure latches the store read-only.
+/// other commit changes `meta.redb` meanwhile): takes what an upload needs and returns the
+/// upload, which the commit runs after it released its locks and before it returns. A failure
+/// of either latches the store read-only.
 pub trait DurableHook: Send + Sync {
     /// `periodic`: the flusher's commit (not an fsync, sync, unmount or GC); `changed`: since
     /// when commits changed the metadata after the previous call, if they did.
-    fn after_durable_commit(&self, periodic: bool, changed: Option<Instant>) -> io::Result<()>;
+    fn after_durable_commit(
+        &self,
+        periodic: bool,
+        changed: Option<Instant>,
+    ) -> io::Result<Option<AfterLocks>>;
     /// Whether the flusher should commit now (a snapshot upload is due); `unseen`: since when
     /// commits changed the metadata that no durable commit passed on yet.
     fn upload_due(&self, _unseen: Option<Instant>) -> bool {
@@ -71,6 +82,13 @@ pub const DEFAULT_CACHE_SIZE: u64 = 1 << 30;
 /// which writers upload them themselves and wait.
 pub const DEFAULT_DIRTY_LIMIT: u64 = 64 << 20;
 
+/// Default bound of the upload queue of `-o writeback` (`-o upload_limit=`): 1 GiB, as the
+/// data cache's. At 100 MB/s to the bucket that is 10 s of uploads, so a burst of fsynced
+/// writes much larger than the dirty limit still returns at local-disk speed; and it bounds
+/// what the cache directory's disk holds that the bucket has not (what a loss of the machine
+/// costs beyond the last snapshot, and the space taken while the bucket is unreachable).
+pub const DEFAULT_UPLOAD_LIMIT: u64 = 1 << 30;
+
 /// Options of a store in a bucket.
 #[derive(Debug, Clone)]
 pub struct ObjectOptions {
@@ -93,6 +111,11 @@ pub struct ObjectOptions {
     /// metadata snapshot (after them) by the flusher within `metadata_interval`, by unmount
     /// and by GC.
     pub writeback: bool,
+    /// `-o writeback`: bytes of chunk data the upload queue may hold (`-o upload_limit=`). A
+    /// durable commit whose runs would pass it waits for the uploader to make room; when no
+    /// chunk leaves the queue for the request deadline (`-o timeout=`) it fails with EIO and
+    /// the store turns read-only.
+    pub upload_limit: u64,
 }
 
 thread_local! {
@@ -134,6 +157,7 @@ impl Default for ObjectOptions {
             lease: lease::LeaseOptions::default(),
             metadata_interval: DEFAULT_METADATA_INTERVAL,
             writeback: false,
+            upload_limit: DEFAULT_UPLOAD_LIMIT,
         }
     }
 }
@@ -213,14 +237,18 @@ impl MetaUploaderHook {
             last,
             inner: Mutex::new(up.map(Arc::new)),
             interval,
-            // Unknown at first (the local file may hold commits the bucket lacks): the first
-            // durable commit uploads.
-            pending: Mutex::new(Some(Instant::now())),
+            state: Arc::new(Mutex::new(Pending {
+                // Unknown at first (the local file may hold commits the bucket lacks): the
+                // first durable commit uploads.
+                since: Some(Instant::now()),
+                copies: BTreeMap::new(),
+                draining: 0,
+            })),
         }
     }
 
     fn uploader(&self) -> io::Result<Arc<MetaUploader>> {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.inner);
         if let Some(u) = &*g {
             return Ok(u.clone());
         }
@@ -236,53 +264,98 @@ impl MetaUploaderHook {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The earlier of two times, if any.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 impl DurableHook for MetaUploaderHook {
-    fn after_durable_commit(&self, periodic: bool, changed: Option<Instant>) -> io::Result<()> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        *pending = match (*pending, changed) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+    fn after_durable_commit(
+        &self,
+        periodic: bool,
+        changed: Option<Instant>,
+    ) -> io::Result<Option<AfterLocks>> {
+        let mut st = lock(&self.state);
+        st.since = earliest(st.since, changed);
+        let Some(since) = st.since else {
+            // The bucket holds this state already, or a copy on its way there does.
+            return Ok(None);
         };
-        let Some(since) = *pending else {
-            // The bucket holds this state already.
-            return Ok(());
-        };
-        if periodic && since.elapsed() + FLUSH_TICK < self.interval {
-            return Ok(());
+        if periodic && (since.elapsed() + FLUSH_TICK < self.interval || !st.copies.is_empty()) {
+            // Not due yet, or an upload is under way: a later commit of the flusher uploads.
+            return Ok(None);
         }
-        if let Some(b) = &self.writeback {
+        if self.writeback.is_some() && !periodic && local_durable() {
             // An fsync or sync: its bytes are in the upload queue, fsynced; the flusher
             // uploads the snapshot within `interval` (after the queue).
-            if !periodic && local_durable() {
-                return Ok(());
-            }
-            // Data before metadata in the bucket: every chunk this snapshot references first.
-            b.drain()?;
+            return Ok(None);
         }
-        self.uploader()?.upload()?;
-        *pending = None;
-        Ok(())
+        // Under redb's write lock: the image of this commit, and the chunks it references
+        // (every chunk queued so far: the commit synced its segments before).
+        let up = self.uploader()?;
+        let mark = self.writeback.as_ref().map(|b| (b.clone(), b.queue_mark()));
+        let copy = up.take_copy()?;
+        let seq = copy.seq();
+        st.copies.insert(seq, since);
+        st.since = None;
+        drop(st);
+        let state = self.state.clone();
+        Ok(Some(Box::new(move || {
+            let r = upload_after_locks(mark, &up, copy, &state);
+            let mut st = lock(&state);
+            match &r {
+                // The bucket holds this copy's image or a later one: every earlier copy's too.
+                Ok(()) => st.copies.retain(|&s, _| s > seq),
+                Err(_) => {
+                    let t = st.copies.remove(&seq);
+                    st.since = earliest(st.since, t);
+                }
+            }
+            r
+        })))
     }
 
     fn upload_due(&self, unseen: Option<Instant>) -> bool {
-        let p = *self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        p.into_iter()
-            .chain(unseen)
-            .any(|t| t.elapsed() + FLUSH_TICK >= self.interval)
+        let st = lock(&self.state);
+        // An upload under way: the next one is due once it is done.
+        st.copies.is_empty()
+            && st
+                .since
+                .into_iter()
+                .chain(unseen)
+                .any(|t| t.elapsed() + FLUSH_TICK >= self.interval)
     }
 
     fn status(&self) -> String {
-        let gen = self
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map_or(0, |u| u.generation());
-        let pending = *self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = match self.writeback.as_ref().and_then(|b| b.queued()) {
+        let gen = lock(&self.inner).as_ref().map_or(0, |u| u.generation());
+        let (pending, draining) = {
+            let st = lock(&self.state);
+            (
+                earliest(st.since, st.copies.values().min().copied()),
+                st.draining,
+            )
+        };
+        let mut queue = match self.writeback.as_ref().and_then(|b| b.queued()) {
             Some((n, bytes)) => format!("; upload queue: {n} chunks, {bytes} bytes"),
             None => String::new(),
         };
+        if let Some((limit, waiting)) = self.writeback.as_ref().and_then(|b| b.queue_limit()) {
+            queue.push_str(&format!(" (upload_limit {limit} bytes"));
+            if waiting > 0 {
+                queue.push_str(&format!("; syncs waiting for room: {waiting}"));
+            }
+            queue.push(')');
+        }
+        if draining > 0 {
+            queue.push_str("; a snapshot upload is waiting for the upload queue");
+        }
         match pending {
             None => format!(
                 "{}: metadata snapshot generation {gen} in the bucket, no changes pending{queue}",
@@ -299,10 +372,40 @@ impl DurableHook for MetaUploaderHook {
     }
 }
 
+/// Step 2 of a snapshot upload, after the commit's locks: drains the upload queue up to `mark`
+/// (`-o writeback`), then uploads `copy`.
+fn upload_after_locks(
+    mark: Option<(ObjectBackend, u64)>,
+    up: &MetaUploader,
+    copy: snapshot::MetaCopy,
+    state: &Mutex<Pending>,
+) -> io::Result<()> {
+    if let Some((b, mark)) = mark {
+        // Data before metadata in the bucket: every chunk this copy references first.
+        lock(state).draining += 1;
+        let r = b.drain_to(mark);
+        lock(state).draining -= 1;
+        r?;
+    }
+    up.upload_copy(copy).map(|_| ())
+}
+
+/// What the bucket lacks of the committed metadata (see [`MetaUploaderHook`]).
+struct Pending {
+    /// Since when the bucket lacks committed changes that no copy taken for upload holds.
+    since: Option<Instant>,
+    /// Copies of `meta.redb` taken and not uploaded yet, by number: since when the changes
+    /// they hold wait.
+    copies: BTreeMap<u64, Instant>,
+    /// Uploads waiting for the upload queue to drain now.
+    draining: u32,
+}
+
 /// The [`DurableHook`] of a store in a bucket: uploads the metadata snapshot (made once the
 /// superblock exists, which `Store::create` writes after the metadata) at every durable commit
 /// asked for and, for those of the flusher, once `interval` passed since the first change the
-/// bucket lacks.
+/// bucket lacks. Under the commit's locks it only copies `meta.redb` and notes the upload
+/// queue's mark; the drain of the queue up to that mark and the PUTs come after.
 struct MetaUploaderHook {
     /// `-o writeback`: the backend whose upload queue goes before each snapshot.
     writeback: Option<ObjectBackend>,
@@ -311,8 +414,7 @@ struct MetaUploaderHook {
     last: Option<layout::Manifest>,
     inner: Mutex<Option<Arc<MetaUploader>>>,
     interval: Duration,
-    /// Since when the bucket lacks committed changes.
-    pending: Mutex<Option<Instant>>,
+    state: Arc<Mutex<Pending>>,
 }
 
 /// A scratch directory `.TAG-PID-NAME` beside the cache directory `cache_dir` (its parent is
@@ -502,7 +604,11 @@ pub fn open(
         &cache_dir.join(SEGMENT_DIR),
         cache,
         o.dirty_limit,
-        (o.writeback && !opts.read_only).then(|| (cache_dir.join(queue::QUEUE_DIR), sb.uuid)),
+        (o.writeback && !opts.read_only).then(|| WritebackConfig {
+            dir: cache_dir.join(queue::QUEUE_DIR),
+            uuid: sb.uuid,
+            limit: o.upload_limit,
+        }),
     )?;
     let hook: Option<Arc<dyn DurableHook>> = if opts.read_only {
         None

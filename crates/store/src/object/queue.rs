@@ -158,6 +158,13 @@ pub fn write(dir: &Path, h: &Header, data: &[u8]) -> io::Result<PathBuf> {
     Ok(path)
 }
 
+/// Whether `need` more bytes of chunk data fit in a queue holding `queued` bytes with bound
+/// `limit`. An empty queue takes anything (a single sync's runs larger than the bound go alone:
+/// else they could never be queued).
+pub fn fits(queued: u64, need: u64, limit: u64) -> bool {
+    queued == 0 || queued.saturating_add(need) <= limit
+}
+
 /// Fsyncs directory `dir`.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
@@ -265,6 +272,18 @@ mod tests {
             assert_eq!(parse_file_name(n), None, "{n}");
         }
         assert_eq!(parse_file_name(&file_name(1, 2, 0)), None);
+    }
+
+    #[test]
+    fn the_bound_takes_runs_up_to_the_limit_and_anything_when_empty() {
+        assert!(fits(0, 10, 4));
+        assert!(fits(0, 0, 0));
+        assert!(fits(3, 1, 4));
+        assert!(!fits(3, 2, 4));
+        assert!(fits(4, 0, 4));
+        assert!(!fits(5, 0, 4));
+        assert!(!fits(u64::MAX, u64::MAX, u64::MAX - 1));
+        assert!(fits(1, u64::MAX - 1, u64::MAX));
     }
 
     #[test]

@@ -254,6 +254,11 @@ impl Remote {
         })
     }
 
+    /// How long a failing request is retried before it fails (`-o timeout=`).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
     /// Makes every later PUT and DELETE (except [`Remote::put_cond`]) check `gate` first.
     pub fn set_gate(&self, gate: Arc<super::lease::Gate>) {
         let _ = self.gate.set(gate);

@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::blockcache::{BlockCache, BLOCK};
 use super::layout::{block_spans, chunk_key, contiguous_runs, parse_chunk_key};
@@ -67,16 +67,50 @@ pub(crate) struct Shared {
     writeback: Option<Writeback>,
 }
 
+/// Where and how `-o writeback` queues its chunks (see [`ObjectBackend::open`]).
+pub(crate) struct WritebackConfig {
+    /// The queue's directory (`cache_dir/upload`).
+    pub dir: PathBuf,
+    /// The store's UUID, written into every queue file.
+    pub uuid: [u8; 16],
+    /// Bytes of chunk data the queue may hold (`-o upload_limit=`): a sync that would pass it
+    /// waits for the uploader to make room.
+    pub limit: u64,
+}
+
+/// A queued chunk: its place in the queue's order (see [`Writeback::next_seq`]), segment,
+/// start and length.
+#[derive(Clone, Copy)]
+struct Queued {
+    seq: u64,
+    seg: u64,
+    start: u64,
+    len: u64,
+}
+
 /// The upload queue of `-o writeback` (see [`queue`]): chunks fsynced in `dir`, uploaded in
-/// order by the uploader thread (or by [`Shared::drain`]) and deleted once their PUT completed.
+/// order by the uploader thread (or by [`Shared::drain_to`]) and deleted once their PUT
+/// completed.
 pub(crate) struct Writeback {
     dir: PathBuf,
     uuid: [u8; 16],
-    /// Queued chunks (segment, start, length), oldest first.
-    fifo: Mutex<VecDeque<(u64, u64, u64)>>,
+    /// Queued chunks, oldest first.
+    fifo: Mutex<VecDeque<Queued>>,
     wake: Condvar,
+    /// Notified whenever chunks leave the queue (uploaded, or dropped with their segment).
+    room: Condvar,
     /// Bytes of chunk data in the queue.
     bytes: AtomicU64,
+    /// Bound of `bytes` (see [`WritebackConfig::limit`]).
+    limit: u64,
+    /// How long a sync waits for room in a full queue while no chunk leaves it: the store's
+    /// request deadline (`-o timeout=`), after which the sync fails with EIO.
+    deadline: Duration,
+    /// The sequence number of the next chunk queued (changed under the `fifo` lock): every
+    /// chunk queued before a [`ObjectBackend::queue_mark`] has a smaller one.
+    next_seq: AtomicU64,
+    /// Syncs waiting for room in the queue now.
+    waiting: AtomicU64,
     /// One upload of a queued chunk at a time (apart from `Shared::upload`, so that a durable
     /// commit queueing its chunks never waits behind a PUT).
     one: Mutex<()>,
@@ -207,8 +241,63 @@ impl Shared {
         Ok(())
     }
 
-    /// `-o writeback`: writes the runs of segment `id` into the upload queue, fsyncs them and
-    /// the queue directory, then hands them to the uploader.
+    /// Waits until the upload queue has room for `need` more bytes of chunk data (see
+    /// [`queue::fits`]). Fails with EIO once no chunk left the queue for the store's deadline
+    /// (the bucket is unreachable), or at once when the uploader stopped or met a damaged file.
+    fn wait_for_room(&self, wb: &Writeback, need: u64) -> io::Result<()> {
+        let mut fifo = lock(&wb.fifo);
+        let queued = || wb.bytes.load(Ordering::Relaxed);
+        if queue::fits(queued(), need, wb.limit) {
+            return Ok(());
+        }
+        wb.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Decrement(&wb.waiting);
+        tracing::info!(
+            "compfs: the upload queue is full ({} bytes queued, {} more wanted, upload_limit {}): \
+             waiting for the uploader",
+            queued(),
+            need,
+            wb.limit
+        );
+        let mut since = Instant::now();
+        let mut seen = queued();
+        loop {
+            if let Some(m) = &*lock(&wb.damaged) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, m.clone()));
+            }
+            if wb.stop.load(Ordering::SeqCst) {
+                return Err(io::Error::other(
+                    "the uploader of the upload queue was stopped",
+                ));
+            }
+            let now = queued();
+            if queue::fits(now, need, wb.limit) {
+                return Ok(());
+            }
+            // Progress (a chunk uploaded): the bucket answers, slowly; the deadline starts over.
+            if now < seen {
+                seen = now;
+                since = Instant::now();
+            }
+            let left = wb.deadline.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Err(io::Error::other(format!(
+                    "the upload queue is full ({now} bytes queued, upload_limit {}) and no chunk \
+                     of it was uploaded for {} s: is the bucket unreachable?",
+                    wb.limit,
+                    wb.deadline.as_secs_f64()
+                )));
+            }
+            fifo = wb
+                .room
+                .wait_timeout(fifo, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// `-o writeback`: writes the runs of segment `id` into the upload queue (once it has room
+    /// for them), fsyncs them and the queue directory, then hands them to the uploader.
     fn queue_runs(
         &self,
         wb: &Writeback,
@@ -218,6 +307,8 @@ impl Shared {
         if runs.is_empty() {
             return Ok(());
         }
+        // One sync at a time gets here (`Shared::upload`): the room it waited for stays.
+        self.wait_for_room(wb, runs.iter().map(|r| r.2.len() as u64).sum())?;
         std::fs::create_dir_all(&wb.dir)?;
         for (start, _, data) in &runs {
             let h = Header {
@@ -248,7 +339,12 @@ impl Shared {
                 let len = data.len() as u64;
                 s.chunks.insert(start, len);
                 s.local.insert(start);
-                fifo.push_back((id, start, len));
+                fifo.push_back(Queued {
+                    seq: wb.next_seq.fetch_add(1, Ordering::SeqCst),
+                    seg: id,
+                    start,
+                    len,
+                });
                 wb.bytes.fetch_add(len, Ordering::Relaxed);
                 for o in offs {
                     if let Some(b) = s.pending.remove(&o) {
@@ -283,7 +379,13 @@ impl Shared {
         if let Some(m) = &*lock(&wb.damaged) {
             return Err(io::Error::new(io::ErrorKind::InvalidData, m.clone()));
         }
-        let Some((id, start, len)) = lock(&wb.fifo).front().copied() else {
+        let Some(Queued {
+            seg: id,
+            start,
+            len,
+            ..
+        }) = lock(&wb.fifo).front().copied()
+        else {
             return Ok(false);
         };
         let name = queue::file_name(id, start, len);
@@ -302,6 +404,8 @@ impl Shared {
             );
             tracing::error!("{m}");
             *lock(&wb.damaged) = Some(m.clone());
+            drop(lock(&wb.fifo));
+            wb.room.notify_all();
             io::Error::new(io::ErrorKind::InvalidData, m)
         })?;
         self.remote.put(&chunk_key(id, start, len), data)?;
@@ -314,24 +418,27 @@ impl Shared {
             fifo.pop_front();
             wb.bytes.fetch_sub(len, Ordering::Relaxed);
         }
+        wb.room.notify_all();
         // Readers opened the file under the `segs` lock before this: their reads still work.
         std::fs::remove_file(&path)?;
         Ok(true)
     }
 
-    /// Uploads every chunk queued now (not those queued meanwhile): afterwards every chunk a
-    /// commit made before the call references is in the bucket.
-    pub(crate) fn drain(&self) -> io::Result<()> {
+    /// Uploads every chunk queued before `mark` (see [`ObjectBackend::queue_mark`]; those
+    /// queued since may go too): afterwards every chunk that a commit made before the mark was
+    /// taken references is in the bucket.
+    pub(crate) fn drain_to(&self, mark: u64) -> io::Result<()> {
         let Some(wb) = &self.writeback else {
             return Ok(());
         };
-        let n = lock(&wb.fifo).len();
-        for _ in 0..n {
+        let mut any = false;
+        while lock(&wb.fifo).front().is_some_and(|q| q.seq < mark) {
             if !self.upload_one(wb)? {
                 break;
             }
+            any = true;
         }
-        if n > 0 {
+        if any {
             queue::sync_dir(&wb.dir)?;
         }
         Ok(())
@@ -384,6 +491,15 @@ impl Shared {
     }
 }
 
+/// Counts one down when dropped.
+struct Decrement<'a>(&'a AtomicU64);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -405,14 +521,14 @@ impl ObjectBackend {
     /// Lists the segment chunks of the bucket and lays the placeholders in `seg_dir` (removing
     /// those of segments the bucket has not). `cache` is the block cache (none: every read is
     /// a ranged GET of just its bytes); `dirty_limit` bounds the appended bytes held in
-    /// memory before their upload; `writeback`: the upload queue's directory and the store's
-    /// UUID for `-o writeback` (the queue must be empty: see [`recover_queue`]).
+    /// memory before their upload; `writeback`: the upload queue of `-o writeback` (it must be
+    /// empty: see [`recover_queue`]).
     pub(crate) fn open(
         remote: Arc<Remote>,
         seg_dir: &Path,
         cache: Option<BlockCache>,
         dirty_limit: u64,
-        writeback: Option<(PathBuf, [u8; 16])>,
+        writeback: Option<WritebackConfig>,
     ) -> io::Result<ObjectBackend> {
         let mut segs: HashMap<u64, SegState> = HashMap::new();
         for (key, size) in remote.list(super::layout::SEGS_FOLDER)? {
@@ -450,12 +566,17 @@ impl ObjectBackend {
                 .open(seg_dir.join(segment_file_name(*id)))?;
             f.set_len(s.end())?;
         }
-        let writeback = writeback.map(|(dir, uuid)| Writeback {
-            dir,
-            uuid,
+        let writeback = writeback.map(|c| Writeback {
+            dir: c.dir,
+            uuid: c.uuid,
             fifo: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
+            room: Condvar::new(),
             bytes: AtomicU64::new(0),
+            limit: c.limit,
+            deadline: remote.deadline(),
+            next_seq: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
             one: Mutex::new(()),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
@@ -483,9 +604,25 @@ impl ObjectBackend {
         Ok(ObjectBackend { shared })
     }
 
-    /// `-o writeback`: uploads every chunk queued so far (in queue order; the uploader thread does the same in the background).
+    /// `-o writeback`: uploads every chunk queued so far (in queue order; the uploader thread
+    /// does the same in the background).
     pub fn drain(&self) -> io::Result<()> {
-        self.shared.drain()
+        self.shared.drain_to(self.queue_mark())
+    }
+
+    /// `-o writeback`: the upload queue's mark now, for [`ObjectBackend::drain_to`] (0 without
+    /// a queue).
+    pub fn queue_mark(&self) -> u64 {
+        self.shared
+            .writeback
+            .as_ref()
+            .map_or(0, |wb| wb.next_seq.load(Ordering::SeqCst))
+    }
+
+    /// `-o writeback`: uploads every chunk queued before `mark` was taken
+    /// ([`ObjectBackend::queue_mark`]).
+    pub fn drain_to(&self, mark: u64) -> io::Result<()> {
+        self.shared.drain_to(mark)
     }
 
     /// Chunks and bytes in the upload queue (`-o writeback`), none without it.
@@ -496,12 +633,24 @@ impl ObjectBackend {
             .map(|wb| (lock(&wb.fifo).len(), wb.bytes.load(Ordering::Relaxed)))
     }
 
+    /// The upload queue's bound (`-o upload_limit=`) and the syncs waiting for room in it now
+    /// (`-o writeback`), none without it.
+    pub fn queue_limit(&self) -> Option<(u64, u64)> {
+        self.shared
+            .writeback
+            .as_ref()
+            .map(|wb| (wb.limit, wb.waiting.load(Ordering::SeqCst)))
+    }
+
     /// Stops the uploader thread (after the upload under way) and waits for it: what a crash
     /// does to it (for tests of a lost writer), the queue left in place.
     pub fn stop_uploader(&self) {
         if let Some(wb) = &self.shared.writeback {
             wb.stop.store(true, Ordering::SeqCst);
             wb.wake.notify_all();
+            // Under the queue's lock: a waiter checks `stop` and waits under it.
+            drop(lock(&wb.fifo));
+            wb.room.notify_all();
             if let Some(t) = lock(&wb.thread).take() {
                 let _ = t.join();
             }
@@ -571,12 +720,14 @@ impl Backend for ObjectBackend {
         };
         if let Some(wb) = &self.shared.writeback {
             let mut fifo = lock(&wb.fifo);
-            fifo.retain(|&(s, _, len)| {
-                if s == id {
-                    wb.bytes.fetch_sub(len, Ordering::Relaxed);
+            fifo.retain(|q| {
+                if q.seg == id {
+                    wb.bytes.fetch_sub(q.len, Ordering::Relaxed);
                 }
-                s != id
+                q.seg != id
             });
+            drop(fifo);
+            wb.room.notify_all();
         }
         for (start, len, local) in chunks {
             if local {

@@ -3,9 +3,16 @@
 //! the latest generation with their CRC-32C. An upload PUTs the pieces that changed, then the
 //! manifest (the commit point), then deletes the pieces it replaced; a download verifies
 //! every piece against the manifest.
+//!
+//! An upload is of a [`MetaCopy`] of `meta.redb`, taken while redb's write lock is held (the image
+//! of one durable commit) and uploaded once the lock is released. Copies are numbered in the
+//! order they were taken; one is uploaded only if no later copy was uploaded first (that later
+//! image holds every change of the earlier one), so generations in the bucket follow the order
+//! of the commits and never go back.
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::layout::{
@@ -87,14 +94,42 @@ pub fn download(remote: &Remote, m: &Manifest, cache_dir: &Path) -> io::Result<(
     write_local_generation(cache_dir, &m.uuid, m.gen)
 }
 
-/// Uploads `cache_dir/meta.redb` after each durable commit (called with redb's write lock
-/// held, so the file is the last durable commit's image).
+/// A copy of `meta.redb` taken by [`MetaUploader::take_copy`]: its number in the order the
+/// copies were taken, and its bytes.
+pub struct MetaCopy {
+    seq: u64,
+    data: Vec<u8>,
+}
+
+impl MetaCopy {
+    /// Its number in the order the copies were taken.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// The snapshot in the bucket: generation, file length and pieces; and the number of the copy
+/// it was uploaded from (none yet).
+struct Last {
+    gen: u64,
+    file_len: u64,
+    pieces: Vec<Piece>,
+    seq: Option<u64>,
+}
+
+/// Uploads copies of `cache_dir/meta.redb`, each taken after a durable commit with redb's
+/// write lock held (so the copy is that commit's image) and uploaded after the lock is
+/// released.
 pub struct MetaUploader {
     remote: Arc<Remote>,
     cache_dir: PathBuf,
     uuid: [u8; 16],
-    /// The snapshot in the bucket: generation, file length and pieces.
-    last: Mutex<(u64, u64, Vec<Piece>)>,
+    /// The number of the next copy.
+    next_seq: AtomicU64,
+    /// The generation of the snapshot in the bucket (`last.gen`, readable during an upload).
+    gen: AtomicU64,
+    /// The snapshot in the bucket; held for the whole of an upload (one at a time).
+    last: Mutex<Last>,
 }
 
 impl MetaUploader {
@@ -109,15 +144,20 @@ impl MetaUploader {
             remote,
             cache_dir: cache_dir.to_path_buf(),
             uuid,
-            last: Mutex::new(last.map_or((0, 0, Vec::new()), |m| {
-                (m.gen, m.file_len, m.pieces.clone())
-            })),
+            next_seq: AtomicU64::new(0),
+            gen: AtomicU64::new(last.map_or(0, |m| m.gen)),
+            last: Mutex::new(Last {
+                gen: last.map_or(0, |m| m.gen),
+                file_len: last.map_or(0, |m| m.file_len),
+                pieces: last.map_or_else(Vec::new, |m| m.pieces.clone()),
+                seq: None,
+            }),
         }
     }
 
     /// The generation of the snapshot in the bucket.
     pub fn generation(&self) -> u64 {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).0
+        self.gen.load(Ordering::SeqCst)
     }
 
     /// Deletes pieces no manifest references (left by an upload cut short).
@@ -125,7 +165,7 @@ impl MetaUploader {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         for (key, _) in self.remote.list("meta")? {
             if let Some((i, g)) = parse_piece_key(&key) {
-                if last.2.get(i as usize).map(|p| p.gen) != Some(g) {
+                if last.pieces.get(i as usize).map(|p| p.gen) != Some(g) {
                     self.remote.delete(&key)?;
                 }
             }
@@ -133,17 +173,35 @@ impl MetaUploader {
         Ok(())
     }
 
-    /// Uploads the changed pieces, then the manifest, then deletes the replaced pieces.
-    pub fn upload(&self) -> io::Result<()> {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+    /// Copies `meta.redb` (the caller holds redb's write lock: no commit changes the file
+    /// meanwhile) and numbers the copy.
+    pub fn take_copy(&self) -> io::Result<MetaCopy> {
         let data = std::fs::read(self.cache_dir.join(META_FILE))?;
-        let gen = last.0 + 1;
+        Ok(MetaCopy {
+            seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+            data,
+        })
+    }
+
+    /// Uploads copy `c`: the changed pieces, then the manifest, then deletes the replaced
+    /// pieces. Returns `false`, uploading nothing, when a copy taken after `c` was uploaded
+    /// already (the bucket holds every change of `c`).
+    pub fn upload_copy(&self, c: MetaCopy) -> io::Result<bool> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.seq.is_some_and(|s| s >= c.seq) {
+            return Ok(false);
+        }
+        let data = c.data;
+        let gen = last.gen + 1;
         let mut pieces = Vec::new();
         let mut replaced = Vec::new();
         for (i, chunk) in data.chunks(PIECE_SIZE as usize).enumerate() {
             let crc = crc32c::crc32c(chunk);
-            let old_len = last.1.saturating_sub(i as u64 * PIECE_SIZE).min(PIECE_SIZE);
-            match last.2.get(i) {
+            let old_len = last
+                .file_len
+                .saturating_sub(i as u64 * PIECE_SIZE)
+                .min(PIECE_SIZE);
+            match last.pieces.get(i) {
                 Some(p) if p.crc == crc && chunk.len() as u64 == old_len => pieces.push(*p),
                 old => {
                     if let Some(o) = old {
@@ -154,7 +212,7 @@ impl MetaUploader {
                 }
             }
         }
-        for (i, o) in last.2.iter().enumerate().skip(pieces.len()) {
+        for (i, o) in last.pieces.iter().enumerate().skip(pieces.len()) {
             replaced.push(piece_key(i as u32, o.gen));
         }
         let m = Manifest {
@@ -164,7 +222,13 @@ impl MetaUploader {
             pieces,
         };
         self.remote.put(MANIFEST_KEY, m.encode())?;
-        *last = (gen, m.file_len, m.pieces);
+        *last = Last {
+            gen,
+            file_len: m.file_len,
+            pieces: m.pieces,
+            seq: Some(c.seq),
+        };
+        self.gen.store(gen, Ordering::SeqCst);
         write_local_generation(&self.cache_dir, &self.uuid, gen)?;
         for k in replaced {
             // A piece left behind is garbage only: the next mount deletes it.
@@ -172,6 +236,6 @@ impl MetaUploader {
                 tracing::warn!("compfs: cannot delete replaced metadata piece {k}: {e}");
             }
         }
-        Ok(())
+        Ok(true)
     }
 }

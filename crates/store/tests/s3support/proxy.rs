@@ -5,7 +5,8 @@
 //! connection), and for each request a seeded draw decides its fate: answered `503 Slow Down`
 //! by the proxy, cut off halfway through its body, forwarded with its answer cut off halfway,
 //! delayed, or forwarded untouched. A black-hole mode swallows every request and answers
-//! nothing (an unreachable bucket whose connections still open).
+//! nothing (an unreachable bucket whose connections still open); when it ends, the connections
+//! it swallowed are closed (the network is back: the clients see them cut and try again).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -123,7 +124,8 @@ impl FaultProxy {
         self.addr
     }
 
-    /// Swallows every request from now on (`true`), or serves them again.
+    /// Swallows every request from now on (`true`), or serves them again (and closes the
+    /// connections swallowed so far).
     pub fn black_hole(&self, on: bool) {
         self.state.black_hole.store(on, Ordering::SeqCst);
     }
@@ -284,10 +286,10 @@ fn serve(st: &State, mut c: TcpStream) -> std::io::Result<()> {
         .unwrap_or(0);
     if st.black_hole.load(Ordering::SeqCst) {
         count(st, |n| n.black_holed += 1);
-        // Swallow what comes until the client gives up or the proxy stops.
+        // Swallow what comes until the client gives up, the black hole ends or the proxy stops.
         c.set_read_timeout(Some(Duration::from_millis(50)))?;
         let mut sink = [0u8; 8192];
-        while !st.stop.load(Ordering::SeqCst) {
+        while !st.stop.load(Ordering::SeqCst) && st.black_hole.load(Ordering::SeqCst) {
             match c.read(&mut sink) {
                 Ok(0) => break,
                 Ok(_) => {}
@@ -297,6 +299,7 @@ fn serve(st: &State, mut c: TcpStream) -> std::io::Result<()> {
                 Err(_) => break,
             }
         }
+        let _ = c.shutdown(Shutdown::Both);
         return Ok(());
     }
     note_request(st, &what);
