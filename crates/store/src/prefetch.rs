@@ -122,7 +122,7 @@ impl Inner {
     /// Names to the backend the segment bytes of `ino`'s extents holding file bytes
     /// `from..to.min(size)` (a hint: errors only end it); when the range reaches the end of
     /// the file (`to >= size`), also the [`NEXT_FILE`] segment bytes written after its last
-    /// extent ([`after_last`]).
+    /// extent (`Inner::after_last`).
     pub(crate) fn prefetch_file(
         &self,
         txn: &ReadTransaction,
