@@ -358,6 +358,9 @@ fn pack_len(d: &Dirty, limit: usize) -> Option<usize> {
     Some(len)
 }
 
+/// Files of one policy: (inode, index among the held files, bytes).
+type PolicyFiles = (ExtentPolicy, Vec<(Ino, usize, usize)>);
+
 /// A file of a pack taken from the held files: its index, its buffer without block 0, and
 /// block 0.
 type Taken = (usize, Dirty, Arc<Vec<u8>>);
@@ -376,7 +379,8 @@ impl Inner {
         if limit == 0 || held.len() < 2 {
             return (taken, packs);
         }
-        let mut groups: Vec<(ExtentPolicy, Vec<(Ino, usize, usize)>)> = Vec::new();
+        // Per policy: (inode, index in `held`, length) of its files.
+        let mut groups: Vec<PolicyFiles> = Vec::new();
         for (at, (ino, g)) in held.iter().enumerate() {
             let Some(len) = g.dirty.as_ref().and_then(|d| pack_len(d, limit)) else {
                 continue;
