@@ -70,6 +70,10 @@ pub struct MountOptions {
     /// `dict=on` (default) / `dict=off`: store-trained zstd dictionaries for small extents and
     /// inline data (see docs/format.md, "Dictionaries").
     pub dict: bool,
+    /// `pack=on` (default, packs of 128K) / `pack=off` / `pack=SIZE` (4K to 1M): small files
+    /// written together are compressed together into packed extents of up to SIZE bytes
+    /// (see docs/format.md, "Packed extents"); 0 = off.
+    pub pack: u32,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
 }
@@ -108,6 +112,7 @@ impl Default for MountOptions {
             min_saving: compfs_store::DEFAULT_MIN_SAVING,
             background: compfs_store::BackgroundPolicy::default(),
             dict: true,
+            pack: compfs_store::DEFAULT_PACK,
             warnings: Vec::new(),
         }
     }
@@ -172,7 +177,7 @@ pub const VALID_OPTIONS: &str =
 background_compression=ALG[:LEVEL], background_delay=SECS, \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
 nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl, \
-worth_it=bytes, worth_it=sector, dict=on, dict=off";
+worth_it=bytes, worth_it=sector, dict=on, dict=off, pack=on, pack=off, pack=SIZE";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -290,6 +295,24 @@ impl MountOptions {
                     expected: "worth_it=bytes or worth_it=sector",
                 })
             }
+            ("pack", Some("on")) => self.pack = compfs_store::DEFAULT_PACK,
+            ("pack", Some("off")) => self.pack = 0,
+            ("pack", Some(v)) => {
+                self.pack = compfs_codec::parse_size(v)
+                    .ok()
+                    .filter(|&n| (4 << 10..=1 << 20).contains(&n))
+                    .map(|n| n as u32)
+                    .ok_or_else(|| OptionError::BadValue {
+                        option: opt.to_string(),
+                        expected: "pack=on, pack=off or a size from 4K to 1M such as 64K",
+                    })?;
+            }
+            ("pack", None) => {
+                return Err(OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: "pack=on, pack=off or a size from 4K to 1M such as 64K",
+                })
+            }
             ("dict", Some("on")) => self.dict = true,
             ("dict", Some("off")) => self.dict = false,
             ("dict", _) => {
@@ -375,6 +398,11 @@ impl MountOptions {
         if !self.dict {
             parts.push("dict=off".into());
         }
+        if self.pack == 0 {
+            parts.push("pack=off".into());
+        } else if self.pack != compfs_store::DEFAULT_PACK {
+            parts.push(format!("pack={}K", self.pack >> 10));
+        }
         parts.join(",")
     }
 }
@@ -451,6 +479,16 @@ mod tests {
         assert!(parse("").unwrap().dict);
         assert!(!parse("dict=off").unwrap().dict);
         assert!(parse("dict=off,dict=on").unwrap().dict);
+        assert_eq!(parse("").unwrap().pack, compfs_store::DEFAULT_PACK);
+        assert_eq!(parse("pack=off").unwrap().pack, 0);
+        assert_eq!(parse("pack=off,pack=on").unwrap().pack, 128 << 10);
+        assert_eq!(parse("pack=64K").unwrap().pack, 64 << 10);
+        for bad in ["pack", "pack=2K", "pack=2M", "pack=yes"] {
+            assert!(
+                matches!(parse(bad), Err(OptionError::BadValue { .. })),
+                "{bad}"
+            );
+        }
         for bad in [
             "worth_it",
             "worth_it=4k",

@@ -21,17 +21,34 @@ pub(crate) fn segsync_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<()>)
     }
 }
 
+/// How long the writeback thread waits for more closed files to pack with the ones it has.
+const PACK_GATHER: Duration = Duration::from_millis(10);
+
 /// Flushes files queued by their last close (see `Inner::queue_writeback`), so that the
 /// closing thread (a FUSE request) does not compress and commit.
 fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
     crate::bgcomp::mark_quiet();
     while let Ok(first) = rx.recv() {
         let Some(inner) = weak.upgrade() else { return };
-        // Everything queued so far goes in one batch (one transaction).
+        // Everything queued so far goes in one batch (one transaction). With packing on, the
+        // batch also takes what is queued within `PACK_GATHER` (files closed in a row are
+        // compressed together; a lone file waits that long at most).
         let mut batch = vec![first];
+        let until = std::time::Instant::now() + PACK_GATHER;
+        let gather = inner.pack_limit() > 0;
         while batch.len() < 256 {
             match rx.try_recv() {
                 Ok(ino) => batch.push(ino),
+                Err(std::sync::mpsc::TryRecvError::Empty) if gather => {
+                    let now = std::time::Instant::now();
+                    if now >= until {
+                        break;
+                    }
+                    match rx.recv_timeout(until - now) {
+                        Ok(ino) => batch.push(ino),
+                        Err(_) => break,
+                    }
+                }
                 Err(_) => break,
             }
         }

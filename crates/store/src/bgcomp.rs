@@ -195,7 +195,9 @@ fn off_target(
             return Err(meta::corrupt("map entry names a missing extent"));
         };
         let x = dec(ExtentRec::decode(x.value()))?;
-        let small = x.raw_len as usize <= crate::dict::DICT_MAX_EXTENT;
+        // Packs are compressed without a dictionary (see `pack`).
+        let small =
+            x.raw_len as usize <= crate::dict::DICT_MAX_EXTENT && x.ino != crate::pack::PACK_OWNER;
         if off(x.codec, x.level, x.dict, small) {
             n += 1;
             bytes += x.raw_len as u64;

@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::file::kind_error;
 use crate::flush::FlushMeta;
 use crate::meta::{self, dec};
+use crate::pack::{Member, PackInput, PACK_OWNER};
 use crate::pool::Pool;
 use crate::read::inode_in;
 use crate::records::{ExtentRec, InodeRec, MapRec};
@@ -237,6 +238,7 @@ impl Inner {
                     continue;
                 }
                 let bn = out.entry(b).or_default();
+                bn.packed |= x.ino == PACK_OWNER;
                 bn.extents.push((m.extent, x.codec, x.level, x.dict));
                 bn.key.push((off, m.extent, m.ext_offset, m.len));
                 bn.raw_lens.push(x.raw_len);
@@ -256,11 +258,17 @@ struct BlockNow {
     key: Vec<(u64, u64, u32, u32)>,
     /// Uncompressed length of each entry's extent (inline data: its length), as `key`.
     raw_lens: Vec<u32>,
+    /// Whether an entry names a packed extent (see `pack`).
+    packed: bool,
 }
 
 impl BlockNow {
-    /// Whether block `b` (of `e` bytes, in a file of `size` bytes) is one whole extent.
+    /// Whether block `b` (of `e` bytes, in a file of `size` bytes) is one whole extent, or the
+    /// whole file in a pack (a file of one block mapped by one entry naming a packed extent).
     fn whole(&self, b: u64, e: u64, size: u64) -> bool {
+        if self.packed {
+            return self.whole_in_pack(b, e, size);
+        }
         match (self.key.as_slice(), self.raw_lens.as_slice()) {
             ([(off, _, xo, len)], [raw]) => span::is_whole_block(
                 span::Piece {
@@ -275,6 +283,16 @@ impl BlockNow {
             ),
             _ => false,
         }
+    }
+}
+
+impl BlockNow {
+    /// Whether this block is a whole file of one block in a pack (see [`BlockNow::whole`]).
+    fn whole_in_pack(&self, b: u64, e: u64, size: u64) -> bool {
+        self.packed
+            && b == 0
+            && size <= e
+            && matches!(self.key.as_slice(), [(0, _, _, len)] if *len as u64 == size)
     }
 }
 
@@ -323,6 +341,11 @@ impl Inner {
         let inner = self;
         let DefragRun { pool, control } = run;
         inner.check_writable()?;
+        // A repack of this file still queued by an earlier run is written first, so that the
+        // plan below sees it.
+        if inner.repack_queued(ino) {
+            inner.repack_flush(None)?;
+        }
         let own = match target.extent_size {
             Some(n) => n as u64,
             None => inner.file_extent_size(ino)?,
@@ -366,6 +389,7 @@ impl Inner {
                 ..Batch::default()
             };
             let mut jobs: Vec<EncodeJob> = Vec::new();
+            let mut repacks: Vec<(PackInput, Vec<u64>)> = Vec::new();
             inner.with_file(ino, |st| {
                 if st.dirty.is_some() {
                     inner.flush_locked(ino, st, false)?;
@@ -387,13 +411,48 @@ impl Inner {
                         .collect();
                     let dicts: Vec<u16> = bn.extents.iter().map(|x| x.3).collect();
                     let small = crate::dict::dict_applies(policy.spec, len, inline_ok && b == 0);
-                    let plan = dict_plan(
-                        plan_block(&codecs, bn.whole(b, e, rec.size), want),
-                        &dicts,
-                        cur,
-                        small,
-                    );
+                    let packed = bn.whole_in_pack(b, e, rec.size);
+                    let base = plan_block(&codecs, bn.whole(b, e, rec.size), want);
+                    // A pack is compressed without a dictionary: the dictionary rule does not
+                    // apply to it, and a raw pack was incompressible when written.
+                    let plan = match (packed, base) {
+                        (true, BlockPlan::IfShrinks) => BlockPlan::Skip,
+                        (true, p) => p,
+                        (false, p) => dict_plan(p, &dicts, cur, small),
+                    };
                     if plan == BlockPlan::Skip || len == 0 {
+                        continue;
+                    }
+                    if packed && inner.pack_limit() > 0 {
+                        // Repacked with other files, never rewritten alone (see `pack`).
+                        let mut v = vec![0u8; len];
+                        inner.read_persisted(&txn, ino, 0, &mut v)?;
+                        let (_, extent, ext_offset, mlen) = bn.key[0];
+                        let member = Member {
+                            ino,
+                            ext_offset: 0,
+                            len: len as u32,
+                            meta: FlushMeta {
+                                block: e,
+                                size: rec.size,
+                                mtime: rec.mtime,
+                                ctime: Timestamp::now(),
+                                punch: Vec::new(),
+                            },
+                            expect: Some(MapRec {
+                                extent,
+                                ext_offset,
+                                len: mlen,
+                            }),
+                        };
+                        let ids = bn.extents.iter().map(|x| x.0).collect();
+                        repacks.push((
+                            PackInput {
+                                member,
+                                data: Arc::new(v),
+                            },
+                            ids,
+                        ));
                         continue;
                     }
                     let mut v = vec![0u8; e as usize];
@@ -408,6 +467,11 @@ impl Inner {
                 }
                 Ok(())
             })?;
+            for (input, ids) in repacks {
+                r.bytes_rewritten += input.member.len as u64;
+                inner.repack_add(policy, input)?;
+                rewritten.extend(ids);
+            }
             if !jobs.is_empty() {
                 let (rx, n) = inner.submit_grouped_on(pool, jobs);
                 batch.rx = Some(rx);

@@ -85,6 +85,14 @@ impl DictCtx {
         }
     }
 
+    /// No dictionary and no sampling (packs: see `pack`).
+    pub(crate) fn none() -> DictCtx {
+        DictCtx {
+            cur: None,
+            sampler: None,
+        }
+    }
+
     /// The same dictionary, without sampling (written ranges of partial blocks).
     pub(crate) fn no_sample(&self) -> DictCtx {
         DictCtx {

@@ -56,6 +56,8 @@ fn dict_users(s: &Store, inos: &[Ino]) -> (usize, usize) {
 fn trained_store(t: &tempfile::TempDir) -> (std::path::PathBuf, Vec<Ino>, Vec<Ino>) {
     let dir = t.path().join("s");
     let s = Store::create_tuned(&dir, &CreateOptions::default(), tuning()).unwrap();
+    // Dictionaries are for files written alone: packs (see `pack`) do not use them.
+    s.set_pack(0);
     let before: Vec<Ino> = (0..200)
         .map(|i| put(&s, &format!("a{i}"), &file(i)))
         .collect();
@@ -103,6 +105,7 @@ fn dictionary_is_trained_used_and_read_back() {
     s.close().unwrap();
     let off = OpenOptions {
         dict: false,
+        pack: 0,
         ..OpenOptions::default()
     };
     let s = Store::open_tuned(&dir, &off, tuning()).unwrap();

@@ -511,6 +511,10 @@ impl Inner {
             .map(|(k, v)| (*k, v.clone()))
             .collect();
         let mut first_err = None;
+        // Closed files of one block first, together: they go into packs (see `pack`).
+        if let Err(e) = self.flush_packable(&files) {
+            first_err.get_or_insert(e);
+        }
         for (ino, a) in files {
             {
                 let mut g = lock(&a);
@@ -526,6 +530,12 @@ impl Inner {
                 }
             }
             self.maybe_forget(ino);
+        }
+        // Files a defrag queued for a repack.
+        if first_err.is_none() {
+            if let Err(e) = self.repack_flush(None) {
+                first_err.get_or_insert(e);
+            }
         }
         match first_err {
             Some(e) => Err(e),

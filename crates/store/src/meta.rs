@@ -7,6 +7,7 @@ use std::cell::{Cell, OnceCell};
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use crate::error::{Error, Result};
+use crate::pack::{pack_share, PACK_OWNER};
 use crate::records::{
     DecodeError, DirentRec, ExtentRec, Inline, InodeRec, MapRec, SegmentRec, StatRec, STAT_INLINE,
 };
@@ -337,15 +338,55 @@ impl<'t> W<'t> {
         Ok(rec.stored_len as i64)
     }
 
-    /// Changes an extent's reference count and referenced bytes; frees it at zero references.
-    /// Returns the change of the owner's disk bytes.
-    fn extent_adjust(&mut self, id: u64, drefs: i64, dref_bytes: i64) -> Result<i64> {
+    /// A new packed extent (see `pack`) referenced by `refs` map entries of `referenced` bytes
+    /// in all, which the caller inserts: the extent record, its segment index entry, the
+    /// segment's live bytes and the codec's statistics row.
+    pub(crate) fn add_pack_extent(
+        &mut self,
+        id: u64,
+        rec: &ExtentRec,
+        refs: u32,
+        referenced: u64,
+    ) -> Result<()> {
+        let rec = ExtentRec { refs, ..*rec };
+        self.extents_mut()?.insert(id, rec.encode().as_slice())?;
+        self.seg_extents_mut()?
+            .insert((rec.segment, rec.seg_offset), id)?;
+        let mut s = self.segment(rec.segment)?;
+        s.live = s.live.saturating_add(rec.footprint());
+        s.len = s.len.max(rec.seg_offset.saturating_add(rec.footprint()));
+        self.put_segment(rec.segment, &s)?;
+        self.stat_adjust(
+            rec.codec,
+            [
+                1,
+                rec.stored_len as i64,
+                rec.raw_len as i64,
+                referenced as i64,
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Replaces one map entry of `old_len` bytes naming extent `id` by entries of `kept`
+    /// lengths naming it: changes its reference count and referenced bytes, and frees it at
+    /// zero references. Returns the change of the disk bytes of the inode whose entry it was:
+    /// an extent of its own is charged whole until freed, a packed extent by share.
+    fn extent_adjust(&mut self, id: u64, old_len: u32, kept: &[u32]) -> Result<i64> {
         let mut rec = self.extent(id)?;
-        let refs = rec.refs as i64 + drefs;
+        let refs = rec.refs as i64 - 1 + kept.len() as i64;
         if refs < 0 {
             return Err(corrupt(format!("extent {id} reference count below zero")));
         }
-        self.stat_adjust(rec.codec, [0, 0, 0, dref_bytes])?;
+        let kept_bytes: i64 = kept.iter().map(|&l| l as i64).sum();
+        self.stat_adjust(rec.codec, [0, 0, 0, kept_bytes - old_len as i64])?;
+        let share = |l: u32| pack_share(rec.stored_len, rec.raw_len, l) as i64;
+        let packed = rec.ino == PACK_OWNER;
+        let disk = if packed {
+            kept.iter().map(|&l| share(l)).sum::<i64>() - share(old_len)
+        } else {
+            0
+        };
         if refs == 0 {
             self.extents_mut()?.remove(id)?;
             self.seg_extents_mut()?
@@ -358,12 +399,16 @@ impl<'t> W<'t> {
                 [-1, -(rec.stored_len as i64), -(rec.raw_len as i64), 0],
             )?;
             self.freed.push(id);
-            return Ok(-(rec.stored_len as i64));
+            return Ok(if packed {
+                disk
+            } else {
+                -(rec.stored_len as i64)
+            });
         }
         rec.refs = u32::try_from(refs)
             .map_err(|_| corrupt(format!("extent {id} reference count above {}", u32::MAX)))?;
         self.extents_mut()?.insert(id, rec.encode().as_slice())?;
-        Ok(0)
+        Ok(disk)
     }
 
     /// The map entries overlapping `[start, end)`.
@@ -399,8 +444,7 @@ impl<'t> W<'t> {
         let mut disk = 0i64;
         for (off, m) in self.map_overlapping(ino, start, end)? {
             self.extmap_mut()?.remove((ino, off))?;
-            let mut refs = -1i64;
-            let mut kept = 0i64;
+            let mut kept = Vec::new();
             // The pieces left are computed by `span::cut`; this only writes them.
             let whole = span::Piece {
                 file_off: off,
@@ -415,10 +459,9 @@ impl<'t> W<'t> {
                 };
                 self.extmap_mut()?
                     .insert((ino, p.file_off), rec.encode().as_slice())?;
-                refs += 1;
-                kept += p.len as i64;
+                kept.push(p.len);
             }
-            disk += self.extent_adjust(m.extent, refs, kept - m.len as i64)?;
+            disk += self.extent_adjust(m.extent, m.len, &kept)?;
         }
         Ok(disk)
     }

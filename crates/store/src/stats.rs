@@ -117,7 +117,7 @@ impl Store {
     }
 
     /// compsize figures for files and (recursively) directories; each file and each extent is
-    /// counted once.
+    /// counted once, a packed extent by each file's share (see `pack`).
     pub fn usage(&self, inos: &[Ino]) -> Result<Usage> {
         self.inner.flush_all(false)?;
         let txn = self.inner.read_txn()?;
@@ -179,8 +179,17 @@ impl Store {
                     referenced: m.len as u64,
                     ..CodecUsage::default()
                 };
-                if ext_seen.insert(m.extent) {
+                let first = ext_seen.insert(m.extent);
+                if first {
                     u.regular_extents += 1;
+                }
+                if xr.ino == crate::pack::PACK_OWNER {
+                    // A packed extent counts by share for each file (as it is charged to its
+                    // disk bytes), so that figures added up over files (`compfs usage` on a
+                    // mount adds each file's record) come to the extent's bytes.
+                    f.disk = crate::pack::pack_share(xr.stored_len, xr.raw_len, m.len);
+                    f.uncompressed = m.len as u64;
+                } else if first {
                     f.disk = xr.stored_len as u64;
                     f.uncompressed = xr.raw_len as u64;
                 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -166,6 +166,10 @@ pub(crate) struct Inner {
     pub bg: crate::bgcomp::Shared,
     /// Store-trained dictionaries (see `dict`).
     pub dicts: Arc<crate::dict::Dicts>,
+    /// Pack size of this open (0: packing off; see `pack` and [`Store::set_pack`]).
+    pub pack: AtomicU32,
+    /// Files `defrag` queued for a repack (see `pack`).
+    pub repack: Mutex<crate::pack::RepackQueue>,
 }
 
 /// A compfs store. See the crate docs.
@@ -383,6 +387,8 @@ impl Store {
             reserve,
             bg: crate::bgcomp::Shared::new(opts.background, opts.threads),
             tuning: tuning.clone(),
+            pack: AtomicU32::new(opts.pack.min(compfs_codec::MAX_EXTENT as u32)),
+            repack: Mutex::new(crate::pack::RepackQueue::default()),
         });
         if !opts.read_only {
             inner.free_orphans()?;
@@ -393,6 +399,14 @@ impl Store {
             threads,
             closed: false,
         })
+    }
+
+    /// Changes the pack size (like a remount with `pack=`; 0 turns packing off), at most
+    /// 1 MiB. Packs already written stay as they are.
+    pub fn set_pack(&self, pack: u32) {
+        self.inner
+            .pack
+            .store(pack.min(compfs_codec::MAX_EXTENT as u32), Ordering::Relaxed);
     }
 
     /// Changes the default codec and mode (like a remount with other options).

@@ -212,6 +212,10 @@ pub struct OpenOptions {
     /// Store-trained zstd dictionaries for small extents and inline data (mount option
     /// `dict=off` turns them off; extents already using one stay readable).
     pub dict: bool,
+    /// Small files written together are compressed together into packed extents of up to
+    /// this many bytes (see docs/format.md, *Packed extents*); 0 turns packing off (mount
+    /// option `pack=off`). Default [`crate::DEFAULT_PACK`].
+    pub pack: u32,
 }
 
 /// The store's default worth-it rule: a compressed extent is kept when it is at least one byte
@@ -230,6 +234,7 @@ impl Default for OpenOptions {
             min_saving: DEFAULT_MIN_SAVING,
             background: crate::BackgroundPolicy::default(),
             dict: true,
+            pack: crate::DEFAULT_PACK,
         }
     }
 }

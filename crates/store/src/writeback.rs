@@ -5,10 +5,13 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use compfs_codec::ExtentPolicy;
+
 use crate::encode::whole_blocks;
 use crate::error::{Error, Result};
 use crate::file::{Dirty, FileState};
 use crate::flush::{FlushMeta, Staged};
+use crate::pack::{plan_packs, Member, PackInput};
 use crate::store::{lock, Inner};
 use crate::types::*;
 
@@ -129,8 +132,53 @@ impl Inner {
         }
     }
 
-    /// The work of [`Inner::writeback_batch`] on files whose locks it holds. On failure every
-    /// file keeps its buffer (and the store is read-only).
+    /// Flushes the closed files among `files` that would go into packs, 256 at a time, each
+    /// batch in one transaction (files locked elsewhere are left to the caller).
+    pub(crate) fn flush_packable(&self, files: &[(Ino, Arc<Mutex<FileState>>)]) -> Result<()> {
+        let limit = self.pack_limit();
+        if limit == 0 {
+            return Ok(());
+        }
+        let mut done = Vec::new();
+        let mut res = Ok(());
+        for chunk in files.chunks(256) {
+            let mut held = Vec::new();
+            for (ino, a) in chunk {
+                let g = match a.try_lock() {
+                    Ok(g) => g,
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => continue,
+                };
+                let packable = g.open == 0
+                    && !g.dead
+                    && g.dirty
+                        .as_ref()
+                        .is_some_and(|d| pack_len(d, limit).is_some());
+                if packable {
+                    held.push((*ino, g));
+                }
+            }
+            if held.len() < 2 {
+                continue;
+            }
+            res = self
+                .check_writable()
+                .and_then(|()| self.writeback_held(&mut held));
+            done.extend(held.iter().map(|(i, _)| *i));
+            drop(held);
+            if res.is_err() {
+                break;
+            }
+        }
+        for ino in done {
+            self.maybe_forget(ino);
+        }
+        res
+    }
+
+    /// The work of [`Inner::writeback_batch`] on files whose locks it holds: files of one
+    /// block with the same policy are compressed together into packs (see `pack`), the
+    /// others one by one. On failure every file keeps its buffer (and the store is read-only).
     fn writeback_held(&self, held: &mut [(Ino, MutexGuard<'_, FileState>)]) -> Result<()> {
         struct Item {
             at: usize,
@@ -139,8 +187,43 @@ impl Inner {
             staged: Staged,
             keep: Vec<(u64, Arc<Vec<u8>>)>,
         }
+        /// A file of a pack: its buffer, without block 0, which is `block`.
+        struct PackItem {
+            at: usize,
+            d: Dirty,
+            block: Arc<Vec<u8>>,
+        }
+        let restore_packs = |held: &mut [(Ino, MutexGuard<'_, FileState>)],
+                             items: Vec<PackItem>| {
+            for mut it in items {
+                it.d.blocks.insert(
+                    0,
+                    Arc::try_unwrap(it.block).unwrap_or_else(|a| (*a).clone()),
+                );
+                held[it.at].1.dirty = Some(it.d);
+            }
+        };
+        let (taken, packs) = self.take_packs(held);
+        let pack_items: Vec<PackItem> = taken
+            .into_iter()
+            .map(|(at, d, block)| PackItem { at, d, block })
+            .collect();
+        let staged_packs = match self
+            .encode_packs(packs)
+            .and_then(|p| self.stage_packs(p).map_err(|e| self.fail(e)))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                restore_packs(held, pack_items);
+                return Err(e);
+            }
+        };
         let mut items: Vec<Item> = Vec::with_capacity(held.len());
-        let restore = |held: &mut [(Ino, MutexGuard<'_, FileState>)], items: Vec<Item>| {
+        let restore = |held: &mut [(Ino, MutexGuard<'_, FileState>)],
+                       items: Vec<Item>,
+                       pack_items: Vec<PackItem>| {
+            self.unpin_packs(&staged_packs);
+            restore_packs(held, pack_items);
             for mut it in items {
                 if let Some((id, _)) = it.staged.seg {
                     self.unpin(id);
@@ -154,6 +237,9 @@ impl Inner {
         };
         for at in 0..held.len() {
             let ino = held[at].0;
+            if pack_items.iter().any(|p| p.at == at) {
+                continue;
+            }
             let Some(mut d) = held[at].1.dirty.take() else {
                 continue;
             };
@@ -185,17 +271,17 @@ impl Inner {
                             .insert(b, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
                     }
                     held[at].1.dirty = Some(d);
-                    restore(held, items);
+                    restore(held, items, pack_items);
                     return Err(self.fail(err));
                 }
                 Err(err) => {
                     held[at].1.dirty = Some(d);
-                    restore(held, items);
+                    restore(held, items, pack_items);
                     return Err(err);
                 }
             }
         }
-        if items.is_empty() {
+        if items.is_empty() && staged_packs.is_empty() {
             return Ok(());
         }
         // One commit for the held batch of namespace changes and these flushes.
@@ -209,11 +295,23 @@ impl Inner {
                 }
                 self.apply_flush(w, held[it.at].0, &it.meta, &it.staged)?;
             }
+            for p in &staged_packs {
+                self.apply_pack(w, p)?;
+            }
             self.put_next_extent(w)?;
             Ok(std::mem::take(&mut w.freed))
         });
         match res {
             Ok(freed) => {
+                self.unpin_packs(&staged_packs);
+                for it in pack_items {
+                    let n = 1 + it.d.blocks.len();
+                    self.dirty_bytes
+                        .fetch_sub(n * it.d.block as usize, Ordering::Relaxed);
+                    if let Ok(v) = Arc::try_unwrap(it.block) {
+                        self.give_buf(v);
+                    }
+                }
                 for it in items {
                     if let Some((id, _)) = it.staged.seg {
                         self.unpin(id);
@@ -234,9 +332,106 @@ impl Inner {
                 Ok(())
             }
             Err(err) => {
-                restore(held, items);
+                restore(held, items, pack_items);
                 Err(self.fail(err))
             }
         }
+    }
+}
+
+/// The bytes a buffer would put in a pack of at most `limit` bytes: a file of one block, all
+/// of it buffered as block 0 (nothing partial, punched or in flight), not all zeros.
+fn pack_len(d: &Dirty, limit: usize) -> Option<usize> {
+    let simple = d.blocks.len() == 1
+        && d.partial.is_empty()
+        && d.punch.is_empty()
+        && d.pending.is_empty()
+        && d.flying.is_empty();
+    if !simple || d.size == 0 || d.size > d.block || d.size as usize > limit {
+        return None;
+    }
+    let v = d.blocks.get(&0)?;
+    let len = d.size as usize;
+    if v.len() < len || v[..len].iter().all(|&b| b == 0) {
+        return None;
+    }
+    Some(len)
+}
+
+/// Files of one policy: (inode, index among the held files, bytes).
+type PolicyFiles = (ExtentPolicy, Vec<(Ino, usize, usize)>);
+
+/// A file of a pack taken from the held files: its index, its buffer without block 0, and
+/// block 0.
+type Taken = (usize, Dirty, Arc<Vec<u8>>);
+
+impl Inner {
+    /// Takes the buffers of held files that go into packs (files of one block sharing a
+    /// policy, at least two per pack), in inode order within each policy; returns them and the
+    /// packs' inputs.
+    fn take_packs(
+        &self,
+        held: &mut [(Ino, MutexGuard<'_, FileState>)],
+    ) -> (Vec<Taken>, Vec<(ExtentPolicy, Vec<PackInput>)>) {
+        let limit = self.pack_limit();
+        let mut taken = Vec::new();
+        let mut packs = Vec::new();
+        if limit == 0 || held.len() < 2 {
+            return (taken, packs);
+        }
+        // Per policy: (inode, index in `held`, length) of its files.
+        let mut groups: Vec<PolicyFiles> = Vec::new();
+        for (at, (ino, g)) in held.iter().enumerate() {
+            let Some(len) = g.dirty.as_ref().and_then(|d| pack_len(d, limit)) else {
+                continue;
+            };
+            // A file whose policy cannot be read is flushed alone (which reports the error).
+            let Ok(policy) = self.file_policy(*ino) else {
+                continue;
+            };
+            if policy.spec.is_none() {
+                continue;
+            }
+            match groups.iter_mut().find(|g| g.0 == policy) {
+                Some(g) => g.1.push((*ino, at, len)),
+                None => groups.push((policy, vec![(*ino, at, len)])),
+            }
+        }
+        for (policy, mut files) in groups {
+            files.sort_unstable();
+            let lens: Vec<usize> = files.iter().map(|f| f.2).collect();
+            for r in plan_packs(&lens, limit) {
+                let mut inputs = Vec::with_capacity(r.len());
+                for &(ino, at, len) in &files[r] {
+                    let Some(mut d) = held[at].1.dirty.take() else {
+                        continue;
+                    };
+                    let Some(v) = d.blocks.remove(&0) else {
+                        held[at].1.dirty = Some(d);
+                        continue;
+                    };
+                    let block = Arc::new(v);
+                    inputs.push(PackInput {
+                        member: Member {
+                            ino,
+                            ext_offset: 0,
+                            len: len as u32,
+                            meta: FlushMeta {
+                                block: d.block,
+                                size: d.size,
+                                mtime: d.mtime,
+                                ctime: d.ctime,
+                                punch: Vec::new(),
+                            },
+                            expect: None,
+                        },
+                        data: block.clone(),
+                    });
+                    taken.push((at, d, block));
+                }
+                packs.push((policy, inputs));
+            }
+        }
+        (taken, packs)
     }
 }

@@ -215,6 +215,41 @@ fn run(seed: u64, cuts_wanted: usize, work: &Path) -> Outcome {
                 if names.len() >= 12 {
                     continue;
                 }
+                // A third of the time, a burst of small files written and closed in a row:
+                // the writeback thread (or the next sync) compresses them together into
+                // packed extents, which later writes, truncations and unlinks break up.
+                if rng.below(3) == 0 {
+                    let mut n = names.clone();
+                    for _ in 0..2 + rng.below(4) {
+                        next_name += 1;
+                        let name = format!("f{next_name}");
+                        let op = pc.ops();
+                        let a = s
+                            .mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, 0, 0, 0)
+                            .unwrap();
+                        let h = m.files.entry(a.ino).or_default();
+                        h.data.push((op, Arc::new(Vec::new())));
+                        h.xattrs.push((op, Xattrs::new()));
+                        n.insert(name, a.ino);
+                        m.names.push((op, n.clone()));
+                        s.open_file(a.ino).unwrap();
+                        let len = 1 + rng.below(12_000);
+                        let buf = match rng.below(4) {
+                            0 => random(len, rng.next_u64()),
+                            _ => pattern(len, rng.next_u64()),
+                        };
+                        let op = pc.ops();
+                        m.files
+                            .get_mut(&a.ino)
+                            .unwrap()
+                            .data
+                            .push((op, Arc::new(buf.clone())));
+                        s.write(a.ino, 0, &buf).unwrap();
+                        s.release(a.ino).unwrap();
+                        open.insert(a.ino, false);
+                    }
+                    continue;
+                }
                 next_name += 1;
                 let name = format!("f{next_name}");
                 let a = s

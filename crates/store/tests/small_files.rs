@@ -15,8 +15,11 @@ fn store_with(dir: &std::path::Path, inline_max: u32, min_saving: MinSaving) -> 
     };
     let s = create(dir, 131072, t.clone());
     s.close().unwrap();
+    // These tests are about files stored alone (inline or in an extent of their own): no
+    // packs (tests/pack.rs has those).
     let o = OpenOptions {
         min_saving,
+        pack: 0,
         ..OpenOptions::default()
     };
     Store::open_tuned(dir, &o, t).unwrap()
@@ -402,6 +405,75 @@ fn measure_dict() {
                 u.dict_bytes.uncompressed,
                 start.elapsed().as_secs_f64()
             );
+        }
+    }
+}
+
+/// The measurement behind packed extents (docs/benchmarks-fs.md, small files): copies
+/// `COMPFS_SMALL_TREE` through the store API (one close per file, the writeback thread and the
+/// flusher as on a mount) into stores with each pack size of `COMPFS_PACKS` (comma-separated
+/// bytes, 0 = `pack=off`; default `0,65536,131072,262144`) and inline limit of
+/// `COMPFS_INLINE` (default 2048), and prints the store's bytes after close, the copy's time
+/// and the time of reading every file back after a reopen (the decompressed-extent cache
+/// empty, the host's page cache not dropped).
+#[test]
+#[ignore = "measurement: COMPFS_SMALL_TREE=DIR cargo test -p compfs-store --test small_files -- --ignored --nocapture measure_pack"]
+fn measure_pack() {
+    let Ok(tree) = std::env::var("COMPFS_SMALL_TREE") else {
+        panic!("set COMPFS_SMALL_TREE");
+    };
+    let list = |var: &str, default: &str| -> Vec<u32> {
+        std::env::var(var)
+            .unwrap_or_else(|_| default.to_string())
+            .split(',')
+            .map(|v| v.trim().parse().unwrap())
+            .collect()
+    };
+    let t = tempfile::tempdir().unwrap();
+    for inline_max in list("COMPFS_INLINE", "2048") {
+        for pack in list("COMPFS_PACKS", "0,65536,131072,262144") {
+            let dir = t.path().join(format!("p{pack}-i{inline_max}"));
+            let tn = Tuning {
+                segment_size: 64 << 20,
+                inline_max,
+                flush_interval: Some(std::time::Duration::from_secs(2)),
+                ..Tuning::default()
+            };
+            create(&dir, 131072, tn.clone()).close().unwrap();
+            let o = OpenOptions {
+                pack,
+                ..OpenOptions::default()
+            };
+            let s = Store::open_tuned(&dir, &o, tn.clone()).unwrap();
+            let start = std::time::Instant::now();
+            let (files, bytes) = copy_tree(&s, std::path::Path::new(&tree));
+            s.sync().unwrap();
+            let copy = start.elapsed().as_secs_f64();
+            let u = s.usage(&[ROOT_INO]).unwrap();
+            s.close().unwrap();
+            let segs: u64 = std::fs::read_dir(dir.join(format::SEGMENT_DIR))
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum();
+            let meta = std::fs::metadata(dir.join(format::META_FILE))
+                .unwrap()
+                .len();
+            let s = Store::open_tuned(&dir, &o, tn).unwrap();
+            let start = std::time::Instant::now();
+            for &ino in &files {
+                read_all(&s, ino).unwrap();
+            }
+            let read = start.elapsed().as_secs_f64();
+            s.close().unwrap();
+            println!(
+                "pack={pack} inline_max={inline_max}: {} files {bytes} bytes -> segments {segs} + meta.redb {meta} = {}; {} extents, {} refs, {} inline; copy {copy:.1} s, read all {read:.2} s",
+                files.len(),
+                segs + meta,
+                u.regular_extents,
+                u.refs,
+                u.inline
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 }

@@ -11,6 +11,7 @@ use super::{Ctx, Fixes, ProblemKind};
 use crate::backend::{Backend, SegFile};
 use crate::error::Result;
 use crate::meta;
+use crate::pack::{pack_share, PACK_OWNER};
 use crate::read::DictRef;
 use crate::records::{
     parse_segment_file_name, segment_file_name, DirentRec, ExtentHeader, ExtentRec, InodeRec,
@@ -45,6 +46,8 @@ pub(super) struct MapUse {
     pub(super) refs: HashMap<u64, u32>,
     pub(super) referenced: HashMap<u8, u64>,
     pub(super) users: HashMap<u64, Vec<(Ino, u64)>>,
+    /// Per inode, its shares of packed extents (see `pack`).
+    pub(super) pack_disk: HashMap<Ino, u64>,
 }
 
 /// What the verified extents add up to, found by the extent pass.
@@ -312,6 +315,7 @@ pub(super) fn check_maps(
     let mut refs: HashMap<u64, u32> = HashMap::new();
     let mut referenced: HashMap<u8, u64> = HashMap::new();
     let mut users: HashMap<u64, Vec<(Ino, u64)>> = HashMap::new();
+    let mut pack_disk: HashMap<Ino, u64> = HashMap::new();
     let mut prev: Option<(Ino, u64)> = None;
     let mut map_entries = Vec::new();
     for r in txn.open_table(meta::EXTMAP)?.iter()? {
@@ -384,11 +388,15 @@ pub(super) fn check_maps(
         *refs.entry(m.extent).or_default() += 1;
         *referenced.entry(x.codec).or_default() += m.len as u64;
         users.entry(m.extent).or_default().push((ino, off));
+        if x.ino == PACK_OWNER {
+            *pack_disk.entry(ino).or_default() += pack_share(x.stored_len, x.raw_len, m.len);
+        }
     }
     Ok(MapUse {
         refs,
         referenced,
         users,
+        pack_disk,
     })
 }
 
@@ -483,10 +491,16 @@ pub(super) fn check_extents(
         files,
         ..
     } = l;
-    let MapUse { refs, users, .. } = mu;
+    let MapUse {
+        refs,
+        users,
+        pack_disk,
+        ..
+    } = mu;
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut stat_calc: BTreeMap<u8, StatRec> = BTreeMap::new();
-    let mut disk: HashMap<Ino, u64> = HashMap::new();
+    // Packed extents are charged to their files by share, other extents to their owner.
+    let mut disk: HashMap<Ino, u64> = pack_disk.clone();
     let mut open_files: HashMap<u64, Arc<dyn SegFile>> = HashMap::new();
     let mut max_ext = 0u64;
     for (&id, x) in extents {
@@ -522,7 +536,9 @@ pub(super) fn check_extents(
         s.extents += 1;
         s.disk += x.stored_len as u64;
         s.uncompressed += x.raw_len as u64;
-        *disk.entry(x.ino).or_default() += x.stored_len as u64;
+        if x.ino != PACK_OWNER {
+            *disk.entry(x.ino).or_default() += x.stored_len as u64;
+        }
         // Read and verify the bytes.
         // A device error stops the check (EIO): reporting it as a damaged extent would have
         // a repair drop data that is only unreadable for now.
