@@ -11,6 +11,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::records::{u32_at, u64_at};
+
 /// The queue's directory inside the cache directory.
 pub const QUEUE_DIR: &str = "upload";
 
@@ -68,17 +70,7 @@ impl Header {
         if b.len() < HEADER_LEN as usize {
             return Err(QueueError::Truncated(b.len() as u64));
         }
-        let u64_at = |o: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(a)
-        };
-        let u32_at = |o: usize| {
-            let mut a = [0u8; 4];
-            a.copy_from_slice(&b[o..o + 4]);
-            u32::from_le_bytes(a)
-        };
-        if crc32c::crc32c(&b[..60]) != u32_at(60) {
+        if crc32c::crc32c(&b[..60]) != u32_at(b, 60) {
             return Err(QueueError::BadHeaderChecksum);
         }
         if b[52..60].iter().any(|&x| x != 0) {
@@ -88,10 +80,10 @@ impl Header {
         uuid.copy_from_slice(&b[8..24]);
         let h = Header {
             uuid,
-            seg: u64_at(24),
-            start: u64_at(32),
-            len: u64_at(40),
-            crc: u32_at(48),
+            seg: u64_at(b, 24),
+            start: u64_at(b, 32),
+            len: u64_at(b, 40),
+            crc: u32_at(b, 48),
         };
         if h.len == 0 || h.start.checked_add(h.len).is_none() {
             return Err(QueueError::BadField("chunk range"));
