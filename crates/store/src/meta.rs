@@ -321,18 +321,7 @@ impl<'t> W<'t> {
         off: u64,
         m: MapRec,
     ) -> Result<i64> {
-        let rec = ExtentRec { refs: 1, ..*rec };
-        self.extents_mut()?.insert(id, rec.encode().as_slice())?;
-        self.seg_extents_mut()?
-            .insert((rec.segment, rec.seg_offset), id)?;
-        let mut s = self.segment(rec.segment)?;
-        s.live = s.live.saturating_add(rec.footprint());
-        s.len = s.len.max(rec.seg_offset.saturating_add(rec.footprint()));
-        self.put_segment(rec.segment, &s)?;
-        self.stat_adjust(
-            rec.codec,
-            [1, rec.stored_len as i64, rec.raw_len as i64, m.len as i64],
-        )?;
+        self.insert_extent(id, rec, 1, m.len as u64)?;
         self.extmap_mut()?
             .insert((ino, off), m.encode().as_slice())?;
         Ok(rec.stored_len as i64)
@@ -342,6 +331,18 @@ impl<'t> W<'t> {
     /// in all, which the caller inserts: the extent record, its segment index entry, the
     /// segment's live bytes and the codec's statistics row.
     pub(crate) fn add_pack_extent(
+        &mut self,
+        id: u64,
+        rec: &ExtentRec,
+        refs: u32,
+        referenced: u64,
+    ) -> Result<()> {
+        self.insert_extent(id, rec, refs, referenced)
+    }
+
+    /// A new extent with `refs` references of `referenced` bytes: its record, its segment
+    /// index entry, the segment's live bytes and the codec's statistics row.
+    fn insert_extent(
         &mut self,
         id: u64,
         rec: &ExtentRec,
@@ -364,8 +365,7 @@ impl<'t> W<'t> {
                 rec.raw_len as i64,
                 referenced as i64,
             ],
-        )?;
-        Ok(())
+        )
     }
 
     /// Replaces one map entry of `old_len` bytes naming extent `id` by entries of `kept`
