@@ -321,28 +321,16 @@ impl<'t> W<'t> {
         off: u64,
         m: MapRec,
     ) -> Result<i64> {
-        self.insert_extent(id, rec, 1, m.len as u64)?;
+        self.add_extent(id, rec, 1, m.len as u64)?;
         self.extmap_mut()?
             .insert((ino, off), m.encode().as_slice())?;
         Ok(rec.stored_len as i64)
     }
 
-    /// A new packed extent (see `pack`) referenced by `refs` map entries of `referenced` bytes
-    /// in all, which the caller inserts: the extent record, its segment index entry, the
-    /// segment's live bytes and the codec's statistics row.
-    pub(crate) fn add_pack_extent(
-        &mut self,
-        id: u64,
-        rec: &ExtentRec,
-        refs: u32,
-        referenced: u64,
-    ) -> Result<()> {
-        self.insert_extent(id, rec, refs, referenced)
-    }
-
-    /// A new extent with `refs` references of `referenced` bytes: its record, its segment
-    /// index entry, the segment's live bytes and the codec's statistics row.
-    fn insert_extent(
+    /// A new extent with `refs` references of `referenced` bytes, whose map entries the caller
+    /// inserts (one for a file's own extent, one per file for a packed extent, see `pack`): its
+    /// record, its segment index entry, the segment's live bytes and the codec's statistics row.
+    pub(crate) fn add_extent(
         &mut self,
         id: u64,
         rec: &ExtentRec,

@@ -244,7 +244,7 @@ impl Inner {
                     ..ExtentRec::from_header(seg_id, seg_off, &h)
                 };
                 let referenced: u64 = live.iter().map(|m| m.len as u64).sum();
-                w.add_pack_extent(id, &xr, live.len() as u32, referenced)?;
+                w.add_extent(id, &xr, live.len() as u32, referenced)?;
                 Some((id, xr))
             }
             None => None,
