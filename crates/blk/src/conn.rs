@@ -19,7 +19,9 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::BlkError;
-use crate::nbd::{answer, read_request, whole_request_buffered, Incoming, Pending, Session};
+use crate::nbd::{
+    answer, ok_reply, read_request, whole_request_buffered, Incoming, Pending, Session,
+};
 use crate::store::PageStore;
 
 /// Helper threads per connection (besides the primary) unless set otherwise.
@@ -81,6 +83,25 @@ impl<R: Read + Pending, W: Write> Shared<R, W> {
         buf: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> Result<(), BlkError> {
+        if let Incoming::Write(req) = &incoming {
+            // The only reply owed and nothing waiting behind it (one request in flight): reply
+            // before compressing (`PageStore::write_early`).
+            if self.owed.load(Ordering::SeqCst) == 1 && !self.more.load(Ordering::SeqCst) {
+                let data = buf.get(..req.len as usize).unwrap_or_default();
+                let ack = || {
+                    let mut w = lock(&self.writer);
+                    ok_reply(&mut *w, req.cookie).map_err(|e| BlkError::io("reply", e))?;
+                    let left = self.owed.fetch_sub(1, Ordering::SeqCst) - 1;
+                    if left == 0 && !self.more.load(Ordering::SeqCst) {
+                        w.flush().map_err(|e| BlkError::io("reply", e))?;
+                    }
+                    Ok(())
+                };
+                if store.write_early(req.offset, data, ack)? {
+                    return Ok(());
+                }
+            }
+        }
         out.clear();
         let r = answer(out, store, session, incoming, buf);
         let mut w = lock(&self.writer);

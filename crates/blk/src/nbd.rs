@@ -437,6 +437,11 @@ fn reply_header<W: Write>(w: &mut W, error: u32, cookie: u64) -> io::Result<()> 
     w.write_all(&h)
 }
 
+/// Writes the success reply of a request that carries no data (e.g. a WRITE), unflushed.
+pub fn ok_reply<W: Write>(w: &mut W, cookie: u64) -> io::Result<()> {
+    simple_reply(w, 0, cookie, &[])
+}
+
 fn simple_reply<W: Write>(w: &mut W, error: u32, cookie: u64, data: &[u8]) -> io::Result<()> {
     reply_header(w, error, cookie)?;
     w.write_all(data)
@@ -596,6 +601,20 @@ fn serve_requests<R: Read + Pending, W: Write>(
         let Some(incoming) = read_request(r, store, session, &mut buf)? else {
             return Ok(());
         };
+        if let Incoming::Write(req) = &incoming {
+            // Nothing else waits: reply before compressing (`PageStore::write_early`).
+            if !whole_request_buffered(r.pending()) {
+                let data = buf.get(..req.len as usize).unwrap_or_default();
+                let ack = || {
+                    ok_reply(w, req.cookie)
+                        .and_then(|()| w.flush())
+                        .map_err(io_err("reply"))
+                };
+                if store.write_early(req.offset, data, ack)? {
+                    continue;
+                }
+            }
+        }
         answer(w, store, session, incoming, &mut buf)?;
     }
 }

@@ -552,6 +552,34 @@ impl Pool {
         Some(f(zp.mem.get(start..start + len)?))
     }
 
+    /// Overwrites the start of an existing object with `data` (at most its class's size);
+    /// `false` if the reference is dangling or `data` does not fit. Used to fill a slot
+    /// allocated ahead of need, so that storing into it cannot fail.
+    pub fn fill(&self, obj: ObjRef, data: &[u8]) -> bool {
+        let Some(lock) = self.classes.get(obj.class as usize) else {
+            return false;
+        };
+        let mut c = write_lock(lock);
+        let size = c.size;
+        let Some((_, loc)) = c.get(obj.handle) else {
+            return false;
+        };
+        if data.len() > size {
+            return false;
+        }
+        let start = loc.slot as usize * size;
+        match c.zspages[loc.zspage as usize].as_mut() {
+            Some(zp) => match zp.mem.get_mut(start..start + data.len()) {
+                Some(dst) => {
+                    dst.copy_from_slice(data);
+                    true
+                }
+                None => false,
+            },
+            None => false,
+        }
+    }
+
     /// Frees an object; freeing a dangling reference does nothing.
     pub fn free(&self, obj: ObjRef) {
         let Some(lock) = self.classes.get(obj.class as usize) else {
@@ -824,6 +852,27 @@ mod tests {
             proptest::prop_assert_eq!(pool.pool_pages(), 0);
             proptest::prop_assert_eq!(pool.used_bytes(), 0);
         }
+    }
+
+    #[test]
+    fn fill_overwrites_an_object_in_place() {
+        let pool = Pool::new(0);
+        let raw = pool.alloc(&[1u8; PAGE]).unwrap();
+        let small = pool.alloc(&[2u8; 100]).unwrap();
+        let used = pool.used_bytes();
+        assert!(pool.fill(raw, &[9u8; PAGE]));
+        assert_eq!(
+            pool.with(raw, PAGE, |b| b.to_vec()).unwrap(),
+            vec![9u8; PAGE]
+        );
+        assert_eq!(
+            pool.with(small, 100, |b| b.to_vec()).unwrap(),
+            vec![2u8; 100]
+        );
+        assert!(!pool.fill(small, &[3u8; PAGE]), "larger than its class");
+        assert_eq!(pool.used_bytes(), used, "no allocation");
+        pool.free(raw);
+        assert!(!pool.fill(raw, &[9u8; PAGE]), "dangling");
     }
 
     #[test]

@@ -316,6 +316,7 @@ impl PageStore {
         ] {
             a.store(0, Ordering::Relaxed);
         }
+        self.drop_spares();
         self.pool.compact();
         self.pool.reset_compacted();
         self.pool.reset_max();

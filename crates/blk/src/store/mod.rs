@@ -23,6 +23,7 @@ use crate::error::BlkError;
 use crate::pool::{Pool, PoolError, HUGE_THRESHOLD, PAGE};
 
 mod dict;
+mod early;
 mod maintenance;
 mod policy;
 mod stats;
@@ -214,6 +215,8 @@ pub struct PageStore {
     policy: policy::PolicyCounters,
     /// `--policy`: how the background memory policy runs (None: off).
     policy_cfg: Option<PolicyConfig>,
+    /// Raw slots held for writes acknowledged before compression (`early.rs`).
+    spares: Mutex<Vec<crate::pool::ObjRef>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -256,6 +259,7 @@ impl PageStore {
             wb: Mutex::new(policy::WbState::default()),
             policy: policy::PolicyCounters::default(),
             policy_cfg: None,
+            spares: Mutex::new(Vec::new()),
         })
     }
 
