@@ -27,9 +27,10 @@ pub struct ObjRow {
     pub gets_per_gib: f64,
 }
 
-/// Requests a mount left in its cache directory (`requests`, see compfs's cmd/s3.rs).
+/// Requests a mount left in its cache directory
+/// ([`compfs_store::object::write_request_counts`]).
 fn requests(cache_dir: &Path) -> Result<(u64, u64)> {
-    let s = std::fs::read_to_string(cache_dir.join("requests"))
+    let s = std::fs::read_to_string(cache_dir.join(compfs_store::object::REQUESTS_FILE))
         .with_context(|| format!("no request counts in {}", cache_dir.display()))?;
     let w: Vec<&str> = s.split_whitespace().collect();
     let get = |k: &str| -> u64 {

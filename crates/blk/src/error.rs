@@ -55,6 +55,9 @@ pub enum BlkError {
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The server's `stat` reply lacks a line or has one it cannot read.
+    #[error("the server sent {0}")]
+    StatReply(&'static str),
     /// The control channel returned an error.
     #[error("{0}")]
     Remote(String),

@@ -8,6 +8,7 @@
 //! - [`meta`]: metadata context negotiation (`base:allocation`).
 //! - [`extents`]: block status descriptors from page states.
 //! - [`server`]: listeners, one thread per connection, and the control channel.
+//! - [`statfmt`]: the `stat` reply of the control channel as `compfs blk stat` prints it.
 
 pub mod conn;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod nbd;
 pub mod nbd_consts;
 pub mod pool;
 pub mod server;
+pub mod statfmt;
 pub mod store;
 
 pub use error::BlkError;

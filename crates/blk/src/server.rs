@@ -9,7 +9,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::conn;
@@ -380,6 +380,39 @@ fn lowest_priority() {
         let p = libc::sched_param { sched_priority: 0 };
         libc::sched_setscheduler(0, libc::SCHED_IDLE, &p);
     }
+}
+
+/// On SIGINT or SIGTERM, removes the socket files and exits, so a stopped server leaves nothing
+/// behind (those in `paths` when the signal comes). Must run before any other thread
+/// starts: the signals are blocked here and every later thread inherits the mask, so only
+/// the waiting thread receives them.
+pub fn exit_on_signal(paths: Arc<Mutex<Vec<PathBuf>>>) -> Result<(), BlkError> {
+    // SAFETY: the set is a local, initialised by sigemptyset before use; pthread_sigmask only
+    // changes the calling thread's mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `set` is initialised and blocked in every thread; sigwait only reads it.
+            unsafe { libc::sigwait(&set, &mut sig) };
+            if let Ok(paths) = paths.lock() {
+                for p in paths.iter() {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            eprintln!("compfs blk: stopped by signal {sig}");
+            std::process::exit(0);
+        })
+        .map_err(|e| BlkError::io("cannot start the signal thread", e))?;
+    Ok(())
 }
 
 /// Sends one command to a server's control socket; returns its reply lines or its error.

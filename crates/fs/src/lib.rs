@@ -6,13 +6,16 @@
 pub mod acl;
 pub mod adapter;
 pub mod atime;
+pub mod daemon;
 pub mod defrag;
 pub mod defrag_run;
 pub mod error;
+pub mod helper;
 pub mod mount;
 pub mod options;
 pub mod privilege;
 pub mod procstatus;
+pub mod property;
 pub mod report;
 pub mod usage;
 pub mod walk;

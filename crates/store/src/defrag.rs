@@ -99,6 +99,26 @@ impl DefragReport {
         self.disk_before += o.disk_before;
         self.disk_after += o.disk_after;
     }
+
+    /// The figures as JSON (`compfs defrag --json`): one flat object of integers, with
+    /// `failed_files` the number of files that could not be defragmented.
+    pub fn to_json(&self, failures: u64) -> String {
+        let r = self;
+        format!(
+            "{{\"files\":{},\"extents_examined\":{},\"extents_rewritten\":{},\"extents_skipped\":{},\
+             \"bytes_examined\":{},\"bytes_rewritten\":{},\"disk_bytes_before\":{},\
+             \"disk_bytes_after\":{},\"failed_files\":{}}}\n",
+            r.files,
+            r.extents_examined,
+            r.extents_rewritten,
+            r.extents_skipped,
+            r.bytes_examined,
+            r.bytes_rewritten,
+            r.disk_before,
+            r.disk_after,
+            failures
+        )
+    }
 }
 
 /// What to do with one block, from the codec and level of the extents it references.
@@ -606,6 +626,26 @@ fn disk_of(rec: &InodeRec) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_json_report_is_one_flat_object() {
+        let r = DefragReport {
+            files: 1,
+            extents_examined: 2,
+            extents_rewritten: 3,
+            extents_skipped: 4,
+            bytes_examined: 5,
+            bytes_rewritten: 6,
+            disk_before: 7,
+            disk_after: 8,
+        };
+        assert_eq!(
+            r.to_json(9),
+            "{\"files\":1,\"extents_examined\":2,\"extents_rewritten\":3,\"extents_skipped\":4,\
+             \"bytes_examined\":5,\"bytes_rewritten\":6,\"disk_bytes_before\":7,\
+             \"disk_bytes_after\":8,\"failed_files\":9}\n"
+        );
+    }
     use compfs_codec::Algorithm;
 
     #[test]

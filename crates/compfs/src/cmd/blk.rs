@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use compfs_blk::server::{self, control_path, control_request};
-use compfs_blk::store::{load_dict, DictSetup, DictStatus, PolicyConfig, PolicyStatus};
-use compfs_blk::{Config, Export, PageStore, Stats};
+use compfs_blk::statfmt::format_stat;
+use compfs_blk::store::{load_dict, DictSetup, PolicyConfig};
+use compfs_blk::{Config, Export, PageStore};
 use compfs_codec::CodecSpec;
 
 use compfs_codec::{human, parse_size};
@@ -222,103 +223,6 @@ fn request(socket: &Path, cmd: &str) -> Result<Vec<String>> {
     control_request(&control_path(socket), cmd).map_err(|e| anyhow!("{e}"))
 }
 
-/// The stat reply as printed: the three zram lines, then a human summary.
-pub fn format_stat(lines: &[String]) -> Result<String> {
-    let field = |key: &str| -> Option<&str> {
-        lines
-            .iter()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-    };
-    let (mm, io, bd) = match (field("mm_stat"), field("io_stat"), field("bd_stat")) {
-        (Some(m), Some(i), Some(b)) => (m, i, b),
-        _ => bail!("the server sent an incomplete stat reply"),
-    };
-    let s = Stats::parse(mm, io, bd).ok_or_else(|| anyhow!("the server sent a malformed stat"))?;
-    let mut out = format!("mm_stat {mm}\nio_stat {io}\nbd_stat {bd}\n");
-    let ratio = |a: u64, b: u64| {
-        if b == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.2}", a as f64 / b as f64)
-        }
-    };
-    out.push_str(&format!(
-        "\nstored    {} ({} same-filled pages, {} huge pages)\ncompressed {}  ratio {}\nmemory    {} (max {}, limit {})  orig/mem {}\n",
-        human(s.orig_data_size),
-        s.same_pages,
-        s.huge_pages,
-        human(s.compr_data_size),
-        ratio(s.orig_data_size, s.compr_data_size),
-        human(s.mem_used_total),
-        human(s.mem_used_max),
-        if s.mem_limit == 0 {
-            "none".to_string()
-        } else {
-            human(s.mem_limit)
-        },
-        ratio(s.orig_data_size, s.mem_used_total),
-    ));
-    if let Some(d) = field("disksize").and_then(|d| d.parse::<u64>().ok()) {
-        let table = field("table_bytes").unwrap_or("0");
-        out.push_str(&format!(
-            "device    {} (page table {} bytes, not in mem_used_total, as in zram)\n",
-            human(d),
-            table
-        ));
-    }
-    if let Some(a) = field("algorithms") {
-        out.push_str(&format!("codecs    {a}\n"));
-    }
-    if let Some(d) = field("dict").and_then(DictStatus::parse) {
-        out.push_str(&format!(
-            "dict      version {} ({} held, {}), {} pages use it; trained {} times ({} ms last, {} ms total), {} pages moved to a newer one{}\n",
-            d.version,
-            d.dicts,
-            human(d.bytes),
-            d.pages,
-            d.trainings,
-            d.train_ms_last,
-            d.train_ms_total,
-            d.recompressed,
-            if d.busy { ", busy" } else { "" }
-        ));
-        if d.samples_released > 0 || d.samples > 0 {
-            out.push_str(&format!(
-                "          {} sample pages held, {} released\n",
-                d.samples, d.samples_released
-            ));
-        }
-    }
-    if let Some(w) = field("writeback_limit") {
-        let v: Vec<u64> = w
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        if let [bytes, period, left, batch] = v[..] {
-            let budget = if bytes == 0 {
-                "no limit".to_string()
-            } else {
-                format!("{} per {period} s, {} left", human(bytes), human(left))
-            };
-            out.push_str(&format!("writeback budget {budget}; batch {batch} pages\n"));
-        }
-    }
-    if let Some(p) = field("policy") {
-        let age = p.split_whitespace().nth(1).unwrap_or("?");
-        if let Some(st) = PolicyStatus::parse(p) {
-            out.push_str(&format!(
-                "policy    idle after {age} s: {} steps, {} pages idle now; {} recompressed, {} written back, {} pool pages compacted, {} in use again and back on the primary codec\n",
-                st.steps, st.idle, st.recompressed, st.written, st.compacted, st.promoted
-            ));
-        }
-    }
-    out.push_str(&format!(
-        "backing   {} pages now, {} read, {} written\n",
-        s.bd_count, s.bd_reads, s.bd_writes
-    ));
-    Ok(out)
-}
-
 fn parse_spec(s: &str) -> Result<CodecSpec> {
     let p = CodecSpec::parse(s).map_err(|e| anyhow!("{e}"))?;
     if let Some(adj) = p.adjustment {
@@ -334,42 +238,10 @@ fn default_socket() -> PathBuf {
     dir.join("compfs-blk.sock")
 }
 
-/// On SIGINT or SIGTERM, removes the socket files and exits, so a stopped server leaves nothing
-/// behind (those in `paths` when the signal comes). Must run before any other thread starts: the signals are blocked here and every later
-/// thread inherits the mask, so only the waiting thread receives them.
-fn exit_on_signal(paths: Arc<Mutex<Vec<PathBuf>>>) -> Result<()> {
-    // SAFETY: the set is a local, initialised by sigemptyset before use; pthread_sigmask only
-    // changes the calling thread's mask.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut sig = 0;
-            // SAFETY: `set` is initialised and blocked in every thread; sigwait only reads it.
-            unsafe { libc::sigwait(&set, &mut sig) };
-            if let Ok(paths) = paths.lock() {
-                for p in paths.iter() {
-                    let _ = std::fs::remove_file(p);
-                }
-            }
-            eprintln!("compfs blk: stopped by signal {sig}");
-            std::process::exit(0);
-        })
-        .context("cannot start the signal thread")?;
-    Ok(())
-}
-
 fn serve(a: ServeArgs) -> Result<ExitCode> {
     // First, before any thread exists; the socket paths are added once they are bound.
     let sockets = Arc::new(Mutex::new(Vec::new()));
-    exit_on_signal(sockets.clone())?;
+    server::exit_on_signal(sockets.clone()).map_err(|e| anyhow!("{e}"))?;
     let size = parse_size(&a.size)?;
     if size == 0 {
         bail!("--size must be larger than 0");

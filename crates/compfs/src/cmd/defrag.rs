@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use compfs_codec::CodecSpec;
 use compfs_fs::defrag_run;
+use compfs_store::object::ObjectOptions;
 use compfs_store::{DefragReport, DefragTarget};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 
@@ -104,7 +105,7 @@ pub fn run(a: DefragArgs) -> Result<ExitCode> {
     for url in buckets {
         let h = super::s3::open(
             &url,
-            &super::s3::default_options(),
+            &ObjectOptions::default(),
             &compfs_store::OpenOptions::default(),
         )?;
         leases.extend(h.lease);
@@ -162,7 +163,7 @@ pub fn run(a: DefragArgs) -> Result<ExitCode> {
     }
     print!("{}", summary(&total));
     if let Some(p) = &a.json {
-        std::fs::write(p, json(&total, failures))
+        std::fs::write(p, total.to_json(failures))
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     if failures > 0 {
@@ -190,23 +191,5 @@ pub fn summary(r: &DefragReport) -> String {
         h(r.bytes_rewritten),
         h(r.disk_before),
         h(r.disk_after),
-    )
-}
-
-/// The same figures as JSON (one flat object of integers).
-pub fn json(r: &DefragReport, failures: u64) -> String {
-    format!(
-        "{{\"files\":{},\"extents_examined\":{},\"extents_rewritten\":{},\"extents_skipped\":{},\
-         \"bytes_examined\":{},\"bytes_rewritten\":{},\"disk_bytes_before\":{},\
-         \"disk_bytes_after\":{},\"failed_files\":{}}}\n",
-        r.files,
-        r.extents_examined,
-        r.extents_rewritten,
-        r.extents_skipped,
-        r.bytes_examined,
-        r.bytes_rewritten,
-        r.disk_before,
-        r.disk_after,
-        failures
     )
 }

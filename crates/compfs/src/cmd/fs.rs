@@ -2,26 +2,23 @@
 //! `compfs stats`.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
-use compfs_codec::CodecSpec;
+use compfs_fs::daemon::{self, start_detached, Std};
+use compfs_fs::helper::{parse_helper_args, HelperCall};
 use compfs_fs::mount::{
     block_termination_signals, check_mountpoint, open_options, open_store, serve,
 };
+use compfs_fs::property::Property;
 use compfs_fs::report::{report_from_usage, StatsRecord, STATS_XATTR};
 use compfs_fs::{MountOptions, UsageReport};
+use compfs_store::object::ObjectOptions;
 use compfs_store::{OpenOptions, Store, ROOT_INO};
-
-/// The compression property's xattr.
-const COMPRESSION_XATTR: &str = "compfs.compression";
-const BACKGROUND_XATTR: &str = "compfs.background_compression";
-const EXTENT_SIZE_XATTR: &str = "compfs.extent_size";
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -165,8 +162,8 @@ pub fn umount(a: UmountArgs) -> Result<ExitCode> {
 pub fn mount(a: MountArgs) -> Result<ExitCode> {
     let url = super::s3::url_of(&a.store)?;
     let (fuse_opts, mut object_opts) = match &url {
-        Some(_) => super::s3::split_options(&a.options)?,
-        None => (a.options.clone(), super::s3::default_options()),
+        Some(_) => compfs_store::object::split_options(&a.options)?,
+        None => (a.options.clone(), ObjectOptions::default()),
     };
     if a.force && url.is_none() {
         bail!("--force applies to stores in a bucket (s3://…) only");
@@ -211,7 +208,7 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
                 l.abandon();
             }
         }
-        super::s3::write_request_counts(&cache_dir, &backend);
+        compfs_store::object::write_request_counts(&cache_dir, &backend);
         return r;
     }
     let store_dir = a
@@ -243,48 +240,18 @@ fn serve_mounted(
     serve(store, store_dir, &a.mountpoint, opts, move || {
         if notify {
             let mut out = std::io::stdout();
-            let _ = writeln!(out, "ready");
+            let _ = writeln!(out, "{}", daemon::READY);
             let _ = out.flush();
             // Stop holding the parent's pipe open.
-            redirect(Std::Out, Path::new("/dev/null"));
+            daemon::redirect(Std::Out, Path::new("/dev/null"));
         }
         // From now on errors go to the log, not to the terminal (or pipe) that started us:
         // `mount` and scripts reading its output must not wait for the daemon to exit.
         if let Some(log) = &log {
-            redirect(Std::Err, log);
+            daemon::redirect(Std::Err, log);
         }
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Which standard descriptor [`redirect`] replaces.
-enum Std {
-    Out,
-    Err,
-}
-
-/// Points stdout or stderr at `path` (opened for appending, created if needed); keeps it on
-/// failure.
-fn redirect(which: Std, path: &Path) {
-    if let Ok(f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        let _ = match which {
-            Std::Out => rustix::stdio::dup2_stdout(&f),
-            Std::Err => rustix::stdio::dup2_stderr(&f),
-        };
-    }
-}
-
-/// The detached daemon's default log.
-fn default_log() -> PathBuf {
-    if rustix::process::geteuid().is_root() {
-        PathBuf::from("/var/log/compfs.log")
-    } else {
-        PathBuf::from("/dev/null")
-    }
 }
 
 /// Starts `compfs mount --foreground` in a new session and returns once the mount is ready,
@@ -303,34 +270,16 @@ fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
     for o in &a.options {
         cmd.arg("-o").arg(o);
     }
-    let log = a.log.clone().unwrap_or_else(default_log);
+    let log = a.log.clone().unwrap_or_else(daemon::default_log);
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log)
         .with_context(|| format!("cannot open log file {}", log.display()))?;
     cmd.arg("--log").arg(&log);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    // The daemon's stderr becomes a log file once mounted: no colour codes.
-    cmd.env("NO_COLOR", "1");
-    // SAFETY: setsid is async-signal-safe and allocates nothing; it detaches the daemon from
-    // the terminal's session.
-    unsafe {
-        cmd.pre_exec(|| {
-            let _ = rustix::process::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().context("cannot start the compfs daemon")?;
-    let Some(stdout) = child.stdout.take() else {
-        bail!("daemon stdout was not captured");
-    };
-    let mut line = String::new();
-    let _ = BufReader::new(stdout).read_line(&mut line);
-    if line.trim() == "ready" {
+    let Some(status) = start_detached(cmd)? else {
         return Ok(ExitCode::SUCCESS);
-    }
-    let status = child.wait().context("waiting for the compfs daemon")?;
+    };
     bail!(
         "mounting {} on {} failed (daemon {status}); see the message above",
         a.store.display(),
@@ -341,48 +290,29 @@ fn spawn_daemon(a: &MountArgs) -> Result<ExitCode> {
 /// The `mount.fuse.compfs` / `mount.compfs` entry point that `mount -t fuse.compfs` and fstab
 /// use: `mount.fuse.compfs STORE MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]`.
 pub fn mount_helper(args: Vec<String>) -> Result<ExitCode> {
-    let mut positional = Vec::new();
-    let mut options = Vec::new();
-    let mut it = args.into_iter().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-o" => options.push(it.next().ok_or_else(|| anyhow!("-o needs a value"))?),
-            "-t" | "-N" => {
-                it.next();
-            }
-            s if s.starts_with("-o") && s.len() > 2 => options.push(s[2..].to_string()),
-            // -s (sloppy), -f (fake), -n (no mtab), -v (verbose): nothing to do for FUSE.
-            s if s.starts_with('-') && s.len() > 1 => {
-                if s.contains('f') && !s.starts_with("--") {
-                    return Ok(ExitCode::SUCCESS);
-                }
-            }
-            _ => positional.push(PathBuf::from(a)),
+    match parse_helper_args(args)? {
+        HelperCall::Nothing => {}
+        HelperCall::Remount {
+            mountpoint,
+            options,
+        } => compfs_fs::mount::remount(&mountpoint, &options)?,
+        HelperCall::Mount {
+            store,
+            mountpoint,
+            options,
+        } => {
+            return mount(MountArgs {
+                store,
+                mountpoint,
+                options,
+                foreground: false,
+                log: None,
+                notify_ready: false,
+                force: false,
+            })
         }
     }
-    // mount -o remount,...: the mount exists; only its flags change.
-    if options
-        .iter()
-        .any(|l| l.split(',').any(|o| o.trim() == "remount"))
-    {
-        let mountpoint = positional
-            .last()
-            .ok_or_else(|| anyhow!("usage: mount.fuse.compfs STORE MOUNTPOINT -o remount,..."))?;
-        compfs_fs::mount::remount(mountpoint, &options)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let [store, mountpoint]: [PathBuf; 2] = positional.try_into().map_err(|_| {
-        anyhow!("usage: mount.fuse.compfs STORE MOUNTPOINT [-o OPTIONS] (called by mount -t fuse.compfs)")
-    })?;
-    mount(MountArgs {
-        store,
-        mountpoint,
-        options,
-        foreground: false,
-        log: None,
-        notify_ready: false,
-        force: false,
-    })
+    Ok(ExitCode::SUCCESS)
 }
 
 fn not_compfs(path: &Path, e: &std::io::Error) -> anyhow::Error {
@@ -409,7 +339,7 @@ pub fn usage(a: UsageArgs) -> Result<ExitCode> {
                 read_only: true,
                 ..OpenOptions::default()
             };
-            let h = super::s3::open(&url, &super::s3::default_options(), &opts)?;
+            let h = super::s3::open(&url, &ObjectOptions::default(), &opts)?;
             let u = h.store.usage(&[ROOT_INO])?;
             h.store.close()?;
             total.merge(&report_from_usage(&u));
@@ -448,24 +378,16 @@ fn store_usage(dir: &Path) -> Result<UsageReport> {
 pub fn property(c: PropertyCommand) -> Result<ExitCode> {
     match c {
         PropertyCommand::Get { path, name } => {
-            let xattr_name = property_xattr(&name)?;
-            match xattr::get(&path, xattr_name) {
+            match xattr::get(&path, Property::from_name(&name)?.xattr()) {
                 Ok(Some(v)) => println!("{name}={}", String::from_utf8_lossy(&v)),
                 Ok(None) => {}
                 Err(e) => return Err(not_compfs(&path, &e)),
             }
         }
         PropertyCommand::Set { path, name, value } => {
-            let xattr_name = property_xattr(&name)?;
-            if value.is_empty() {
-            } else if xattr_name == EXTENT_SIZE_XATTR {
-                compfs_store::parse_extent_size(&value).ok_or_else(|| {
-                    anyhow!("invalid {name} '{value}': a power of two from 4K to 1M (4K, 32K, 128K, 1M)")
-                })?;
-            } else {
-                CodecSpec::parse(&value).map_err(|e| anyhow!("invalid {name}: {e}"))?;
-            }
-            xattr::set(&path, xattr_name, value.as_bytes()).map_err(|e| {
+            let p = Property::from_name(&name)?;
+            p.check(&value)?;
+            xattr::set(&path, p.xattr(), value.as_bytes()).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     anyhow!(
                         "{}: compfs refused {name} '{value}' (EINVAL)",
@@ -478,19 +400,6 @@ pub fn property(c: PropertyCommand) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The xattr behind a property name.
-fn property_xattr(name: &str) -> Result<&'static str> {
-    match name {
-        "compression" => Ok(COMPRESSION_XATTR),
-        "background_compression" => Ok(BACKGROUND_XATTR),
-        "extent_size" => Ok(EXTENT_SIZE_XATTR),
-        _ => bail!(
-            "unknown property '{name}'; the properties are 'compression', \
-             'background_compression' and 'extent_size'"
-        ),
-    }
 }
 
 /// `compfs stats`.

@@ -1,114 +1,16 @@
 //! Stores in an S3-compatible bucket (`s3://BUCKET/PREFIX`) for `compfs mkfs`, `mount`,
-//! `usage` and `gc`: the object-store options of `-o`, and opening such a store.
+//! `usage` and `gc`: opening such a store, its errors as one-line messages. The `-o` options
+//! are [`compfs_store::object::split_options`].
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use anyhow::{anyhow, bail, Result};
-use compfs_codec::parse_size;
-use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, RemoteConfig, S3Url};
+use anyhow::{anyhow, Result};
+use compfs_store::object::{self, ObjectOptions, ObjectStoreHandle, S3Url};
 use compfs_store::{CreateOptions, OpenOptions, Tuning};
 
 /// The `s3://…` URL `p` names, if it names one.
 pub fn url_of(p: &Path) -> Result<Option<S3Url>> {
-    match p.to_str() {
-        Some(s) if S3Url::is_s3(s) => Ok(Some(S3Url::parse(s).map_err(|e| anyhow!("{e}"))?)),
-        _ => Ok(None),
-    }
-}
-
-/// Takes the object-store options out of `-o` lists: `cache_dir=DIR`, `cache_size=SIZE`,
-/// `credentials=FILE`, `timeout=SECONDS` (how long requests are retried before EIO),
-/// `dirty_limit=SIZE` (appended bytes held in memory before writes wait for uploads);
-/// `metadata_interval=SECONDS` (default 60), `lease_timeout=SECONDS` (default 60);
-/// `writeback` (an fsync returns once its bytes are fsynced in the cache directory's upload
-/// queue, uploaded in the background), `upload_limit=SIZE` (default 1G: bytes that queue may
-/// hold before syncs wait for the uploader);
-/// returns the remaining options for [`compfs_fs::MountOptions::parse`].
-pub fn split_options(lists: &[String]) -> Result<(Vec<String>, ObjectOptions)> {
-    let mut o = ObjectOptions::default();
-    let mut rest = Vec::new();
-    for list in lists {
-        let mut keep = Vec::new();
-        for opt in list.split(',') {
-            let (k, v) = match opt.trim().split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (opt.trim(), None),
-            };
-            match (k, v) {
-                ("cache_dir", Some(v)) if !v.is_empty() => {
-                    o.cache_dir = Some(std::path::absolute(v).map_err(|e| anyhow!("{opt}: {e}"))?)
-                }
-                ("cache_size", Some(v)) => {
-                    o.cache_size = parse_size(v)
-                        .map_err(|_| anyhow!("{opt}: want a size such as 1G or 512M"))?
-                }
-                ("dirty_limit", Some(v)) => {
-                    o.dirty_limit = parse_size(v)
-                        .ok()
-                        .filter(|&n| n >= 1 << 20)
-                        .ok_or_else(|| anyhow!("{opt}: want a size of at least 1M, such as 64M"))?
-                }
-                ("upload_limit", Some(v)) => {
-                    o.upload_limit = parse_size(v)
-                        .ok()
-                        .filter(|&n| n >= 1 << 20)
-                        .ok_or_else(|| anyhow!("{opt}: want a size of at least 1M, such as 1G"))?
-                }
-                ("credentials", Some(v)) if !v.is_empty() => {
-                    o.remote.credentials = Some(PathBuf::from(v))
-                }
-                ("timeout", Some(v)) => {
-                    let s: u64 = v
-                        .parse()
-                        .ok()
-                        .filter(|&s| s > 0)
-                        .ok_or_else(|| anyhow!("{opt}: want a number of seconds"))?;
-                    o.remote.deadline = Duration::from_secs(s);
-                }
-                ("metadata_interval", Some(v)) => {
-                    o.metadata_interval = Duration::from_secs(seconds(opt, v)?)
-                }
-                ("lease_timeout", Some(v)) => {
-                    let s = seconds(opt, v)?;
-                    if s < 3 {
-                        bail!("{opt}: the lease timeout is at least 3 seconds");
-                    }
-                    o.lease.timeout = Duration::from_secs(s)
-                }
-                ("writeback", None) => o.writeback = true,
-                ("writeback", Some(_)) => bail!("{opt}: writeback takes no value"),
-                (
-                    "cache_dir" | "cache_size" | "credentials" | "timeout" | "dirty_limit"
-                    | "metadata_interval" | "lease_timeout" | "upload_limit",
-                    _,
-                ) => {
-                    bail!("{opt}: wants a value")
-                }
-                _ => keep.push(opt),
-            }
-        }
-        if !keep.is_empty() {
-            rest.push(keep.join(","));
-        }
-    }
-    Ok((rest, o))
-}
-
-/// A positive number of seconds.
-fn seconds(opt: &str, v: &str) -> Result<u64> {
-    v.parse()
-        .ok()
-        .filter(|&s: &u64| s > 0)
-        .ok_or_else(|| anyhow!("{opt}: want a number of seconds"))
-}
-
-/// The remote options alone (for commands without `-o`): the environment's variables.
-pub fn default_options() -> ObjectOptions {
-    ObjectOptions {
-        remote: RemoteConfig::default(),
-        ..ObjectOptions::default()
-    }
+    Ok(S3Url::from_path(p)?)
 }
 
 pub fn create(url: &S3Url, o: &ObjectOptions, opts: &CreateOptions) -> Result<()> {
@@ -125,84 +27,4 @@ pub fn open(url: &S3Url, o: &ObjectOptions, opts: &OpenOptions) -> Result<Object
         ),
         e => anyhow!("cannot open store {url}: {e}"),
     })
-}
-
-/// The file in the cache directory where a mount leaves the requests it sent to the bucket
-/// (read by `compfs bench fs --object-store`).
-pub const REQUESTS_FILE: &str = "requests";
-
-/// Writes the request counts of a mount that ended: `puts N gets N lists N deletes N
-/// put_bytes N get_bytes N`.
-pub fn write_request_counts(cache_dir: &Path, b: &compfs_store::object::ObjectBackend) {
-    let c = b.counts();
-    let line = format!(
-        "puts {} gets {} lists {} deletes {} put_bytes {} get_bytes {}\n",
-        c.puts, c.gets, c.lists, c.deletes, c.put_bytes, c.get_bytes
-    );
-    if let Err(e) = std::fs::write(cache_dir.join(REQUESTS_FILE), line) {
-        tracing::warn!(
-            "cannot write {}: {e}",
-            cache_dir.join(REQUESTS_FILE).display()
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn object_options_are_taken_out_of_the_lists() {
-        let (rest, o) = split_options(&[
-            "compress=zstd:3,cache_dir=/x,cache_size=64M".into(),
-            "credentials=/c,timeout=5,dirty_limit=16M".into(),
-            "ro".into(),
-        ])
-        .unwrap();
-        assert_eq!(rest, vec!["compress=zstd:3".to_string(), "ro".to_string()]);
-        assert_eq!(o.cache_dir, Some(PathBuf::from("/x")));
-        assert_eq!(o.cache_size, 64 << 20);
-        assert_eq!(o.remote.credentials, Some(PathBuf::from("/c")));
-        assert_eq!(o.remote.deadline, Duration::from_secs(5));
-        assert_eq!(o.dirty_limit, 16 << 20);
-        assert_eq!(
-            split_options(&[]).unwrap().1.dirty_limit,
-            object::DEFAULT_DIRTY_LIMIT
-        );
-        assert_eq!(o.metadata_interval, Duration::from_secs(60));
-        assert_eq!(o.lease.timeout, Duration::from_secs(60));
-        let (rest, o) =
-            split_options(&["metadata_interval=5,lease_timeout=9,noatime".into()]).unwrap();
-        assert_eq!(rest, vec!["noatime".to_string()]);
-        assert_eq!(o.metadata_interval, Duration::from_secs(5));
-        assert_eq!(o.lease.timeout, Duration::from_secs(9));
-        assert!(!o.writeback);
-        let (rest, o) = split_options(&["writeback,noatime".into()]).unwrap();
-        assert_eq!(rest, vec!["noatime".to_string()]);
-        assert!(o.writeback);
-        assert_eq!(o.upload_limit, object::DEFAULT_UPLOAD_LIMIT);
-        let (_, o) = split_options(&["writeback,upload_limit=256M".into()]).unwrap();
-        assert_eq!(o.upload_limit, 256 << 20);
-        for bad in [
-            "cache_size=lots",
-            "timeout=0",
-            "cache_dir",
-            "writeback=1",
-            "dirty_limit=4K",
-            "dirty_limit",
-            "metadata_interval=0",
-            "metadata_interval",
-            "lease_timeout=2",
-            "lease_timeout=x",
-            "upload_limit=512K",
-            "upload_limit=x",
-            "upload_limit",
-        ] {
-            assert!(split_options(&[bad.into()]).is_err(), "{bad}");
-        }
-        assert!(url_of(Path::new("/tmp/x")).unwrap().is_none());
-        assert!(url_of(Path::new("s3://b/p")).unwrap().is_some());
-        assert!(url_of(Path::new("s3:///p")).is_err());
-    }
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use compfs_codec::{human, parse_size, CodecSpec, Mode};
+use compfs_store::object::ObjectOptions;
 use compfs_store::{fsck, uuid_string, CreateOptions, OpenOptions, Store};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -71,7 +72,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<ExitCode> {
         force: a.force,
     };
     if let Some(url) = super::s3::url_of(&a.store)? {
-        super::s3::create(&url, &super::s3::default_options(), &opts)?;
+        super::s3::create(&url, &ObjectOptions::default(), &opts)?;
         println!(
             "created compfs store {url} (extent size {}, {}={})",
             human(opts.extent_size as u64),
@@ -126,12 +127,8 @@ fn fsck_bucket(url: &compfs_store::object::S3Url, a: &FsckArgs) -> Result<ExitCo
         eprintln!("compfs fsck: --repair of a store in a bucket is not supported");
         return Ok(ExitCode::from(8));
     }
-    let r = compfs_store::object::fsck_bucket(
-        url,
-        &super::s3::default_options(),
-        a.full,
-        &mut |_, _| {},
-    );
+    let r =
+        compfs_store::object::fsck_bucket(url, &ObjectOptions::default(), a.full, &mut |_, _| {});
     match r {
         Ok(r) => {
             if a.full {
@@ -186,7 +183,7 @@ fn print_report(name: &str, r: &compfs_store::FsckReport) -> ExitCode {
 
 pub fn gc(a: GcArgs) -> Result<ExitCode> {
     let r = if let Some(url) = super::s3::url_of(&a.store)? {
-        let mut o = super::s3::default_options();
+        let mut o = ObjectOptions::default();
         o.lease.force = a.force;
         let h = super::s3::open(&url, &o, &OpenOptions::default())?;
         let r = h.store.gc().map_err(|e| anyhow::anyhow!("{e}"))?;

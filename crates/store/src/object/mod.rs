@@ -10,6 +10,7 @@ pub mod blockcache;
 pub mod check;
 pub mod layout;
 pub mod lease;
+pub mod options;
 pub mod queue;
 pub mod readahead;
 pub mod remote;
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 const DATA_CACHE_DIR: &str = "cache";
 
 pub use check::{fsck_bucket, BucketReport};
+pub use options::{split_options, write_request_counts, OptionError, REQUESTS_FILE};
 pub use remote::{Remote, RemoteConfig, RemoteCounts, S3Url};
 pub use segments::ObjectBackend;
 use segments::WritebackConfig;

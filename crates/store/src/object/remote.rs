@@ -33,6 +33,15 @@ impl S3Url {
         s.starts_with("s3://")
     }
 
+    /// The `s3://…` URL the path `p` names, if it names one (an error if it is a malformed
+    /// one).
+    pub fn from_path(p: &Path) -> Result<Option<S3Url>> {
+        match p.to_str() {
+            Some(s) if S3Url::is_s3(s) => S3Url::parse(s).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     pub fn parse(s: &str) -> Result<S3Url> {
         let bad =
             |why: &str| Error::InvalidArgument(format!("{s}: {why} (want s3://BUCKET/PREFIX)"));
