@@ -298,3 +298,41 @@ fn defrag_moves_packs_to_the_dictionary_and_a_second_run_rewrites_nothing() {
     s.close().unwrap();
     clean(&dir);
 }
+
+/// Background recompression counts packs off the current dictionary as pending and moves them
+/// onto it, as packs (it runs `defrag`'s code); the packs already on it are left alone.
+#[test]
+fn background_recompression_moves_packs_to_the_dictionary() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    let (s, before, after) = packed_store(&dir, &OpenOptions::default());
+    let b = inos(&before);
+    let a = inos(&after);
+    let after_extents = extents_of(&s, &a);
+    s.set_background(BackgroundPolicy {
+        spec: Some(CodecSpec::parse("zstd:3").unwrap().spec),
+        delay: std::time::Duration::ZERO,
+    });
+    let first = s.background_pass().unwrap();
+    assert!(first.extents_done > 0, "{first:?}");
+    s.sync().unwrap();
+    assert!(all_packs_with(&s, &b, 1), "{:?}", extents_of(&s, &b));
+    assert_eq!(extents_of(&s, &a), after_extents);
+    check(&s, &before);
+    check(&s, &after);
+    s.close().unwrap();
+    clean(&dir);
+    // Reopened (the pass's memory of settled files is gone): nothing is pending any more.
+    let s = Store::open_tuned(&dir, &OpenOptions::default(), tuning()).unwrap();
+    s.set_background(BackgroundPolicy {
+        spec: Some(CodecSpec::parse("zstd:3").unwrap().spec),
+        delay: std::time::Duration::ZERO,
+    });
+    let again = s.background_pass().unwrap();
+    assert_eq!(
+        (again.files_pending, again.extents_done),
+        (0, 0),
+        "{again:?}"
+    );
+    s.close().unwrap();
+}
