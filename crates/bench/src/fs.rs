@@ -77,6 +77,10 @@ pub struct Args {
         default_missing_value = crate::smallfiles::DEFAULT_TREES
     )]
     pub small_files: Option<String>,
+    /// With --small-files: also measure compfs with these mount options added (repeatable;
+    /// one more row per tree each, e.g. `dict=nopack` for packs without the dictionary).
+    #[arg(long, value_name = "OPTIONS")]
+    pub small_files_vs: Vec<String>,
     /// Draw ratio against write MB/s per method (compfs and btrfs) as SVG here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -519,7 +523,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
         return Ok(());
     }
     if let Some(trees) = &a.small_files {
-        let rows = crate::smallfiles::run(trees, &corpus, work)?;
+        let rows = crate::smallfiles::run(trees, &corpus, work, &a.small_files_vs)?;
         if let Some(j) = &a.json {
             std::fs::write(j, serde_json::to_vec_pretty(&rows)?)?;
         }

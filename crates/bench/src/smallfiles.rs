@@ -30,6 +30,9 @@ pub const DEFAULT_TREES: &str = "/usr/include,/usr/share/doc,gen:100000";
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct SmallRow {
     pub tree: String,
+    /// compfs's mount options (`compress=zstd:3`, plus the `--small-files-vs` ones of an extra
+    /// row).
+    pub compfs_options: String,
     pub files: u64,
     pub bytes: u64,
     /// The store directory after unmount (apparent sizes of its files).
@@ -192,24 +195,16 @@ fn copy_tree(src: &Path, mnt: &Path) -> Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn measure(tree: &Path, label: &str, work: &Path) -> Result<SmallRow> {
-    let (files, bytes, zstd3_bytes) = tree_sizes(tree)?;
-    let mut row = SmallRow {
-        tree: label.into(),
-        files,
-        bytes,
-        zstd3_bytes,
-        ..SmallRow::default()
-    };
+/// The compfs columns of `row`: `tree` copied onto a fresh store mounted with `options`.
+fn measure_compfs(tree: &Path, work: &Path, options: &str, row: &mut SmallRow) -> Result<()> {
     let mnt = work.join("mnt");
-    std::fs::create_dir_all(&mnt)?;
-    // compfs
     let store = work.join("store");
     if store.exists() {
         std::fs::remove_dir_all(&store)?;
     }
     Store::create(&store, &CreateOptions::default())?.close()?;
-    let m = CompfsMount::new(&store, &mnt, "compress=zstd:3")?;
+    let m = CompfsMount::new(&store, &mnt, options)?;
+    row.compfs_options = options.to_string();
     row.compfs_copy_secs = copy_tree(tree, &mnt)?;
     m.unmount()?;
     row.compfs_bytes = dir_bytes(&store)?;
@@ -220,6 +215,32 @@ fn measure(tree: &Path, label: &str, work: &Path) -> Result<SmallRow> {
     row.compfs_read_secs = read_all(&mnt)?;
     m.unmount()?;
     std::fs::remove_dir_all(&store)?;
+    Ok(())
+}
+
+/// The rows of one tree: compfs with `compress=zstd:3`, then one row per `vs` entry (those
+/// options added), each beside the same btrfs and `zstd -3` figures.
+fn measure(tree: &Path, label: &str, work: &Path, vs: &[String]) -> Result<Vec<SmallRow>> {
+    let (files, bytes, zstd3_bytes) = tree_sizes(tree)?;
+    let mut row = SmallRow {
+        tree: label.into(),
+        files,
+        bytes,
+        zstd3_bytes,
+        ..SmallRow::default()
+    };
+    let mnt = work.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    measure_compfs(tree, work, "compress=zstd:3", &mut row)?;
+    let mut extra = Vec::new();
+    for o in vs {
+        let mut r = SmallRow {
+            tree: format!("{label} [{o}]"),
+            ..row.clone()
+        };
+        measure_compfs(tree, work, &format!("compress=zstd:3,{o}"), &mut r)?;
+        extra.push(r);
+    }
     // btrfs
     let img = work.join("btrfs.img");
     mkfs_btrfs(&img, (bytes * 3).max(4 << 30))?;
@@ -233,11 +254,19 @@ fn measure(tree: &Path, label: &str, work: &Path) -> Result<SmallRow> {
     row.btrfs_read_secs = read_all(&mnt)?;
     m.unmount()?;
     std::fs::remove_file(&img)?;
-    Ok(row)
+    let mut rows = vec![row.clone()];
+    for mut r in extra {
+        r.btrfs_bytes = row.btrfs_bytes;
+        r.btrfs_copy_secs = row.btrfs_copy_secs;
+        r.btrfs_read_secs = row.btrfs_read_secs;
+        rows.push(r);
+    }
+    Ok(rows)
 }
 
-/// Runs the small-file rows for the comma-separated `trees`.
-pub fn run(trees: &str, corpus: &Path, work: &Path) -> Result<Vec<SmallRow>> {
+/// Runs the small-file rows for the comma-separated `trees`; `vs`: more compfs mount options,
+/// each measured as a row of its own beside the default one (a before/after in one run).
+pub fn run(trees: &str, corpus: &Path, work: &Path, vs: &[String]) -> Result<Vec<SmallRow>> {
     if !is_root() {
         bail!("--small-files needs root (kernel btrfs on a loop device, dropping caches)");
     }
@@ -261,11 +290,11 @@ pub fn run(trees: &str, corpus: &Path, work: &Path) -> Result<Vec<SmallRow>> {
             bail!("--small-files: {} is not a directory", dir.display());
         }
         eprintln!("small files: {label} ...");
-        let row = measure(&dir, &label, work)?;
+        let r = measure(&dir, &label, work, vs)?;
         if matches!(t, Tree::Generated(_)) {
             std::fs::remove_dir_all(&dir)?;
         }
-        rows.push(row);
+        rows.extend(r);
     }
     print_table(&rows);
     Ok(rows)

@@ -150,6 +150,55 @@ mod tests {
         assert!(with < without, "{with} >= {without}");
     }
 
+    /// `ExtentEncoder::encode_dict`: the policy's heuristic and worth-it rule, the
+    /// dictionary's codec and level; the output decodes with the dictionary.
+    #[test]
+    fn extent_encoding_with_a_dictionary() {
+        use crate::{ExtentEncoder, ExtentOutcome, ExtentPolicy, Mode, RawReason};
+        let p = pages();
+        let d = Dictionary::train(&p[..300], 16 << 10, 3).unwrap();
+        let mut e = ExtentEncoder::new();
+        let mut x = Decompressor::new();
+        let zstd = crate::CodecSpec::with_level(crate::Algorithm::Zstd, 3).spec;
+        let heur = ExtentPolicy::new(zstd, Mode::Heuristic);
+        let src: Vec<u8> = p[300..332].concat();
+        let mut dst = Vec::new();
+        let n = match e.encode_dict(&heur, &src, &mut dst, &d).unwrap() {
+            ExtentOutcome::Compressed { len } => len,
+            o => panic!("{o:?}"),
+        };
+        assert_eq!(n, dst.len());
+        let mut back = vec![0u8; src.len()];
+        x.decompress_dict(&d, &dst, &mut back).unwrap();
+        assert_eq!(back, src);
+        let mut plain = Vec::new();
+        assert!(matches!(
+            e.encode(&heur, &src, &mut plain).unwrap(),
+            ExtentOutcome::Compressed { len } if len > n
+        ));
+        // Incompressible data: the heuristic stores it raw, with or without a dictionary.
+        let random = compfs_testdata::generate(compfs_testdata::Kind::Random, 65536, 9);
+        assert!(matches!(
+            e.encode_dict(&heur, &random, &mut dst, &d).unwrap(),
+            ExtentOutcome::Raw(RawReason::Heuristic(_))
+        ));
+        // Forced: compressed, then kept raw as not worth it.
+        let force = ExtentPolicy::new(zstd, Mode::Force);
+        assert_eq!(
+            e.encode_dict(&force, &random, &mut dst, &d).unwrap(),
+            ExtentOutcome::Raw(RawReason::NotWorthIt)
+        );
+        // No compression asked: raw.
+        let none = ExtentPolicy::new(
+            crate::CodecSpec::default_for(crate::Algorithm::None),
+            Mode::Force,
+        );
+        assert_eq!(
+            e.encode_dict(&none, &src, &mut dst, &d).unwrap(),
+            ExtentOutcome::Raw(RawReason::NoCompression)
+        );
+    }
+
     #[test]
     fn malformed_dictionaries_are_typed_errors() {
         let p = pages();

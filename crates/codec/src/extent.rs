@@ -104,6 +104,28 @@ impl ExtentEncoder {
         src: &[u8],
         dst: &mut Vec<u8>,
     ) -> Result<ExtentOutcome, CodecError> {
+        self.encode_with(policy, src, dst, None)
+    }
+
+    /// [`ExtentEncoder::encode`] with zstd and `dict` (at the level it was digested for)
+    /// instead of `policy`'s codec and level; the heuristic and worth-it rule are `policy`'s.
+    pub fn encode_dict(
+        &mut self,
+        policy: &ExtentPolicy,
+        src: &[u8],
+        dst: &mut Vec<u8>,
+        dict: &crate::Dictionary,
+    ) -> Result<ExtentOutcome, CodecError> {
+        self.encode_with(policy, src, dst, Some(dict))
+    }
+
+    fn encode_with(
+        &mut self,
+        policy: &ExtentPolicy,
+        src: &[u8],
+        dst: &mut Vec<u8>,
+        dict: Option<&crate::Dictionary>,
+    ) -> Result<ExtentOutcome, CodecError> {
         if policy.spec.is_none() {
             return Ok(ExtentOutcome::Raw(RawReason::NoCompression));
         }
@@ -117,7 +139,10 @@ impl ExtentEncoder {
                 return Ok(ExtentOutcome::Raw(RawReason::Heuristic(v.reason)));
             }
         }
-        let len = self.compressor.compress(policy.spec, src, dst)?;
+        let len = match dict {
+            Some(d) => self.compressor.compress_dict(d, src, dst)?,
+            None => self.compressor.compress(policy.spec, src, dst)?,
+        };
         if worth_it(src.len(), len, policy.min_saving) {
             Ok(ExtentOutcome::Compressed { len })
         } else {

@@ -47,6 +47,8 @@ fn small_file_rows_on_compfs_and_btrfs() {
         corpus.to_str().unwrap(),
         "--small-files",
         &trees,
+        "--small-files-vs",
+        "dict=nopack",
         "--json",
         json.to_str().unwrap(),
         "--workdir",
@@ -59,11 +61,18 @@ fn small_file_rows_on_compfs_and_btrfs() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{out}");
+    // Each tree: the default row, then the `--small-files-vs` one beside the same btrfs.
+    assert_eq!(rows.len(), 4, "{out}");
     assert_eq!(rows[0]["files"], 150);
     assert_eq!(rows[0]["bytes"], bytes);
-    assert_eq!(rows[1]["files"], 300);
-    assert_eq!(rows[1]["tree"], "300 generated text files");
+    assert_eq!(rows[0]["compfs_options"], "compress=zstd:3");
+    assert_eq!(rows[1]["files"], 150);
+    assert_eq!(rows[1]["compfs_options"], "compress=zstd:3,dict=nopack");
+    assert_eq!(rows[1]["btrfs_bytes"], rows[0]["btrfs_bytes"]);
+    assert_eq!(rows[2]["files"], 300);
+    assert_eq!(rows[2]["tree"], "300 generated text files");
+    assert_eq!(rows[3]["tree"], "300 generated text files [dict=nopack]");
+    assert_eq!(rows[3]["zstd3_bytes"], rows[2]["zstd3_bytes"]);
     for r in rows {
         let n = |k: &str| r[k].as_u64().unwrap();
         let f = |k: &str| r[k].as_f64().unwrap();

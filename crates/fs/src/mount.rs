@@ -66,6 +66,7 @@ pub fn open_options(o: &MountOptions) -> OpenOptions {
         min_saving: o.min_saving,
         background: o.background,
         dict: o.dict,
+        pack_dict: o.pack_dict,
         pack: o.pack,
         ..OpenOptions::default()
     };

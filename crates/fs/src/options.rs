@@ -67,9 +67,12 @@ pub struct MountOptions {
     /// `background_compression=ALG[:LEVEL]` (bcachefs's name; `none` turns it off) and
     /// `background_delay=SECS` (default 60): background recompression of cold files.
     pub background: compfs_store::BackgroundPolicy,
-    /// `dict=on` (default) / `dict=off`: store-trained zstd dictionaries for small extents and
-    /// inline data (see docs/format.md, "Dictionaries").
+    /// `dict=on` (default) / `dict=off`: store-trained zstd dictionaries for small extents,
+    /// inline data and packed extents (see docs/format.md, "Dictionaries"); `dict=nopack`:
+    /// for small extents and inline data only (`pack_dict` false).
     pub dict: bool,
+    /// Packed extents use the dictionary too (`dict=on`); false with `dict=nopack`.
+    pub pack_dict: bool,
     /// `pack=on` (default, packs of 128K) / `pack=off` / `pack=SIZE` (4K to 1M): small files
     /// written together are compressed together into packed extents of up to SIZE bytes
     /// (see docs/format.md, "Packed extents"); 0 = off.
@@ -112,6 +115,7 @@ impl Default for MountOptions {
             min_saving: compfs_store::DEFAULT_MIN_SAVING,
             background: compfs_store::BackgroundPolicy::default(),
             dict: true,
+            pack_dict: true,
             pack: compfs_store::DEFAULT_PACK,
             warnings: Vec::new(),
         }
@@ -177,7 +181,7 @@ pub const VALID_OPTIONS: &str =
 background_compression=ALG[:LEVEL], background_delay=SECS, \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
 nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl, \
-worth_it=bytes, worth_it=sector, dict=on, dict=off, pack=on, pack=off, pack=SIZE";
+worth_it=bytes, worth_it=sector, dict=on, dict=off, dict=nopack, pack=on, pack=off, pack=SIZE";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -313,12 +317,13 @@ impl MountOptions {
                     expected: "pack=on, pack=off or a size from 4K to 1M such as 64K",
                 })
             }
-            ("dict", Some("on")) => self.dict = true,
+            ("dict", Some("on")) => (self.dict, self.pack_dict) = (true, true),
             ("dict", Some("off")) => self.dict = false,
+            ("dict", Some("nopack")) => (self.dict, self.pack_dict) = (true, false),
             ("dict", _) => {
                 return Err(OptionError::BadValue {
                     option: opt.to_string(),
-                    expected: "dict=on or dict=off",
+                    expected: "dict=on, dict=off or dict=nopack",
                 })
             }
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
@@ -397,6 +402,8 @@ impl MountOptions {
         }
         if !self.dict {
             parts.push("dict=off".into());
+        } else if !self.pack_dict {
+            parts.push("dict=nopack".into());
         }
         if self.pack == 0 {
             parts.push("pack=off".into());
@@ -479,6 +486,12 @@ mod tests {
         assert!(parse("").unwrap().dict);
         assert!(!parse("dict=off").unwrap().dict);
         assert!(parse("dict=off,dict=on").unwrap().dict);
+        let o = parse("dict=nopack").unwrap();
+        assert!(o.dict && !o.pack_dict);
+        assert!(o.describe().contains("dict=nopack"));
+        let o = parse("dict=nopack,dict=on").unwrap();
+        assert!(o.dict && o.pack_dict);
+        assert!(!parse("dict=nopack,dict=off").unwrap().dict);
         assert_eq!(parse("").unwrap().pack, compfs_store::DEFAULT_PACK);
         assert_eq!(parse("pack=off").unwrap().pack, 0);
         assert_eq!(parse("pack=off,pack=on").unwrap().pack, 128 << 10);

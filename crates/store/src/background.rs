@@ -53,6 +53,9 @@ fn writeback_loop(weak: Weak<Inner>, rx: std::sync::mpsc::Receiver<Ino>) {
             }
         }
         inner.writeback_batch(&batch);
+        // The batch may have completed the dictionary's samples: its training starts now
+        // rather than at the flusher's next tick (files written meanwhile would miss it).
+        inner.dict_maintain();
     }
 }
 

@@ -164,22 +164,23 @@ struct Candidate {
 /// The distinct extents (inline data counted as one) of a file that are not stored as
 /// `(codec, level)`, or, when the store has a current dictionary `cur` and the target is zstd,
 /// small ones not compressed with it (see `defrag`); and their uncompressed bytes.
+/// `pack_cur`: the dictionary packs use (none with `dict=nopack`).
 fn off_target(
     map: &impl ReadableTable<(u64, u64), &'static [u8]>,
     extents: &impl ReadableTable<u64, &'static [u8]>,
     ino: Ino,
     rec: &InodeRec,
     want: (u8, i8),
-    cur: Option<u16>,
+    (cur, pack_cur): (Option<u16>, Option<u16>),
 ) -> Result<(u64, u64)> {
     let (mut n, mut bytes) = (0u64, 0u64);
     let zstd = want.0 == compfs_codec::Algorithm::Zstd.id();
-    let off = |codec: u8, level: i8, dict: u16, small: bool| {
+    let off = |codec: u8, level: i8, dict: u16, small: bool, cur: Option<u16>| {
         crate::defrag::planned_as((codec, level, dict), want, cur) != want
             || (zstd && small && cur.is_some_and(|c| c != dict))
     };
     if let Some(i) = &rec.inline {
-        if off(i.codec, i.level, i.dict, true) {
+        if off(i.codec, i.level, i.dict, true, cur) {
             n += 1;
             bytes += i.raw_len as u64;
         }
@@ -195,10 +196,13 @@ fn off_target(
             return Err(meta::corrupt("map entry names a missing extent"));
         };
         let x = dec(ExtentRec::decode(x.value()))?;
-        // Packs are compressed without a dictionary (see `pack`).
-        let small =
-            x.raw_len as usize <= crate::dict::DICT_MAX_EXTENT && x.ino != crate::pack::PACK_OWNER;
-        if off(x.codec, x.level, x.dict, small) {
+        // Packs try the dictionary whatever their length (see `pack`).
+        let (small, cur) = if x.ino == crate::pack::PACK_OWNER {
+            (true, pack_cur)
+        } else {
+            (x.raw_len as usize <= crate::dict::DICT_MAX_EXTENT, cur)
+        };
+        if off(x.codec, x.level, x.dict, small, cur) {
             n += 1;
             bytes += x.raw_len as u64;
         }
@@ -281,7 +285,9 @@ impl Inner {
                 continue;
             }
             let cur = self.dicts.current().map(|d| d.id);
-            let (n, bytes) = off_target(&map, &extents, ino, &rec, recorded(target), cur)?;
+            let pack_cur = self.pack_dict(target).map(|d| d.id);
+            let (n, bytes) =
+                off_target(&map, &extents, ino, &rec, recorded(target), (cur, pack_cur))?;
             if n == 0 {
                 continue;
             }

@@ -13,7 +13,10 @@
 //! block (see `dict::dict_applies`) whose extents or inline data do not use it is not at
 //! target either; it is rewritten when the rewrite comes out with the dictionary
 //! ([`BlockPlan::IfDict`]). An extent compressed with the current dictionary counts as at the
-//! target level whatever level it records (the dictionary's).
+//! target level whatever level it records (the dictionary's). Packs (see `pack`) follow the
+//! same rule whatever their length, unless packs do not use the dictionary (`dict=nopack`):
+//! a pack off the current dictionary is repacked, and the new pack is written only if it
+//! comes out with the dictionary.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::mpsc::Receiver;
@@ -374,6 +377,8 @@ impl Inner {
         let want = (policy.spec.algorithm().id(), policy.spec.level() as i8);
         let dx = inner.dict_ctx(&policy).no_sample();
         let cur = dx.cur.as_ref().map(|d| d.id);
+        // The dictionary packs use (none with `dict=nopack`), whatever their length.
+        let pack_cur = inner.pack_dict(policy.spec).map(|d| d.id);
         let mut r = DefragReport {
             files: 1,
             ..DefragReport::default()
@@ -409,7 +414,8 @@ impl Inner {
                 ..Batch::default()
             };
             let mut jobs: Vec<EncodeJob> = Vec::new();
-            let mut repacks: Vec<(PackInput, Vec<u64>)> = Vec::new();
+            // (file, its extents, repacked only if the pack comes out with the dictionary)
+            let mut repacks: Vec<(PackInput, Vec<u64>, bool)> = Vec::new();
             inner.with_file(ino, |st| {
                 if st.dirty.is_some() {
                     inner.flush_locked(ino, st, false)?;
@@ -424,21 +430,22 @@ impl Inner {
                     let len = span::block_len_in_file(rec.size, b, e);
                     r.bytes_examined += len as u64;
                     let Some(bn) = now.get(&b) else { continue };
+                    let packed = bn.whole_in_pack(b, e, rec.size);
+                    let cur_here = if packed { pack_cur } else { cur };
                     let codecs: Vec<(u8, i8)> = bn
                         .extents
                         .iter()
-                        .map(|x| planned_as((x.1, x.2, x.3), want, cur))
+                        .map(|x| planned_as((x.1, x.2, x.3), want, cur_here))
                         .collect();
                     let dicts: Vec<u16> = bn.extents.iter().map(|x| x.3).collect();
-                    let small = crate::dict::dict_applies(policy.spec, len, inline_ok && b == 0);
-                    let packed = bn.whole_in_pack(b, e, rec.size);
+                    // Packs try the dictionary whatever their length (see `pack`).
+                    let small =
+                        packed || crate::dict::dict_applies(policy.spec, len, inline_ok && b == 0);
                     let base = plan_block(&codecs, bn.whole(b, e, rec.size), want);
-                    // A pack is compressed without a dictionary: the dictionary rule does not
-                    // apply to it, and a raw pack was incompressible when written.
+                    // A raw pack was incompressible when written: left alone.
                     let plan = match (packed, base) {
                         (true, BlockPlan::IfShrinks) => BlockPlan::Skip,
-                        (true, p) => p,
-                        (false, p) => dict_plan(p, &dicts, cur, small),
+                        (_, p) => dict_plan(p, &dicts, cur_here, small),
                     };
                     if plan == BlockPlan::Skip || len == 0 {
                         continue;
@@ -472,6 +479,7 @@ impl Inner {
                                 data: Arc::new(v),
                             },
                             ids,
+                            plan == BlockPlan::IfDict,
                         ));
                         continue;
                     }
@@ -487,9 +495,11 @@ impl Inner {
                 }
                 Ok(())
             })?;
-            for (input, ids) in repacks {
+            for (input, ids, if_dict) in repacks {
+                // Counted when queued (the repack is written later, with other files' data;
+                // an `if_dict` one is then dropped if the dictionary does not shorten it).
                 r.bytes_rewritten += input.member.len as u64;
-                inner.repack_add(policy, input)?;
+                inner.repack_add(policy, input, if_dict)?;
                 rewritten.extend(ids);
             }
             if !jobs.is_empty() {

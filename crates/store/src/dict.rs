@@ -1,9 +1,10 @@
 //! Store-trained zstd dictionaries (format version 3, issue 16): small files are sampled as
 //! they are written; once enough samples exist a background thread trains a dictionary
 //! ([`compfs_codec::Dictionary::train`]), records it in the `dicts` table and makes it the
-//! current one; from then on small extents and inline data of zstd files are compressed with it
-//! when that is shorter than without (see [`dict_applies`]). Each extent header, extent record
-//! and inline datum names the dictionary it was compressed with (0 = none). A dictionary is
+//! current one; from then on small extents, inline data and packed extents (`pack`) of zstd
+//! files are compressed with it when that is shorter than without (see [`dict_applies`]). Each
+//! extent header, extent record and inline datum names the dictionary it was compressed with
+//! (0 = none). A dictionary is
 //! digested once per open (CDict and DDict, [`compfs_codec::Dictionary`]) and cached here,
 //! never per file. A damaged dictionary (CRC mismatch, or entropy tables that do not load)
 //! makes the extents and inline data using it unreadable (EIO), nothing else.
@@ -57,6 +58,9 @@ pub(crate) struct Dicts {
     /// Dictionaries are used and trained (`dict=on`, the default; off for read-only opens
     /// and `dict=off`). Reading extents that use one works either way.
     enabled: bool,
+    /// Packed extents are compressed with the current dictionary too (`dict=on`; not with
+    /// `dict=nopack`, which keeps it for small extents and inline data).
+    packs: bool,
     /// zstd level dictionaries are trained and digested for.
     level: i32,
     current: RwLock<Option<Arc<StoreDict>>>,
@@ -75,6 +79,10 @@ pub(crate) struct Dicts {
 pub(crate) struct DictCtx {
     pub cur: Option<Arc<StoreDict>>,
     sampler: Option<Arc<Dicts>>,
+    /// A pack's context: the dictionary is used whatever the extent's length, not only on
+    /// extents of at most [`DICT_MAX_EXTENT`], and alone (not tried against the codec without
+    /// it; see `pack`).
+    pub pack: bool,
 }
 
 impl DictCtx {
@@ -85,20 +93,21 @@ impl DictCtx {
         }
     }
 
-    /// No dictionary and no sampling (packs: see `pack`).
-    pub(crate) fn none() -> DictCtx {
-        DictCtx {
-            cur: None,
-            sampler: None,
-        }
-    }
-
     /// The same dictionary, without sampling (written ranges of partial blocks).
     pub(crate) fn no_sample(&self) -> DictCtx {
         DictCtx {
             cur: self.cur.clone(),
             sampler: None,
+            pack: self.pack,
         }
+    }
+
+    /// The dictionary to try on `len` uncompressed bytes under `spec` (`inline`: as inline
+    /// data), if any (see [`dict_applies`]).
+    pub(crate) fn for_len(&self, spec: CodecSpec, len: usize, inline: bool) -> Option<&StoreDict> {
+        self.cur.as_deref().filter(|_| {
+            dict_applies(spec, len, inline) || (self.pack && spec.algorithm() == Algorithm::Zstd)
+        })
     }
 }
 
@@ -110,6 +119,27 @@ impl Inner {
             cur: if zstd { self.dicts.current() } else { None },
             sampler: (zstd && self.dicts.sampling.load(Ordering::Relaxed))
                 .then(|| self.dicts.clone()),
+            pack: false,
+        }
+    }
+
+    /// The dictionary context of a pack under `policy`: the current dictionary whatever the
+    /// pack's length, unless packs do not use it (`dict=nopack`, `dict=off`); no sampling
+    /// (the members are offered one by one, see `pack`).
+    pub(crate) fn pack_dict_ctx(&self, policy: &ExtentPolicy) -> DictCtx {
+        DictCtx {
+            cur: self.pack_dict(policy.spec),
+            sampler: None,
+            pack: true,
+        }
+    }
+
+    /// The dictionary packs of `spec` are compressed with now, if any.
+    pub(crate) fn pack_dict(&self, spec: CodecSpec) -> Option<Arc<StoreDict>> {
+        if spec.algorithm() == Algorithm::Zstd && self.dicts.packs {
+            self.dicts.current()
+        } else {
+            None
         }
     }
 
@@ -193,12 +223,18 @@ pub(crate) fn dict_level(default: CodecSpec) -> i32 {
 }
 
 impl Dicts {
-    /// The state of a store opened with `enabled` dictionaries: the newest dictionary in the
-    /// table becomes the current one (loaded now, so a damaged one is logged at open and not
-    /// used for writing).
-    pub(crate) fn open(db: &Database, enabled: bool, level: i32) -> crate::Result<Dicts> {
+    /// The state of a store opened with `enabled` dictionaries (`packs`: for packed extents
+    /// too): the newest dictionary in the table becomes the current one (loaded now, so a
+    /// damaged one is logged at open and not used for writing).
+    pub(crate) fn open(
+        db: &Database,
+        enabled: bool,
+        packs: bool,
+        level: i32,
+    ) -> crate::Result<Dicts> {
         let d = Dicts {
             enabled,
+            packs: enabled && packs,
             level,
             current: RwLock::new(None),
             loaded: Mutex::new(HashMap::new()),
@@ -382,3 +418,7 @@ impl crate::Store {
 #[cfg(test)]
 #[path = "dict_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "dict_pack_tests.rs"]
+mod pack_tests;

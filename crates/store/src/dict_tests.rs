@@ -56,7 +56,7 @@ fn dict_users(s: &Store, inos: &[Ino]) -> (usize, usize) {
 fn trained_store(t: &tempfile::TempDir) -> (std::path::PathBuf, Vec<Ino>, Vec<Ino>) {
     let dir = t.path().join("s");
     let s = Store::create_tuned(&dir, &CreateOptions::default(), tuning()).unwrap();
-    // Dictionaries are for files written alone: packs (see `pack`) do not use them.
+    // Files written alone (packs with the dictionary: dict_pack_tests.rs).
     s.set_pack(0);
     let before: Vec<Ino> = (0..200)
         .map(|i| put(&s, &format!("a{i}"), &file(i)))

@@ -10,12 +10,17 @@
 //! it was written for. Its stored bytes are charged to the files that reference it, each for
 //! its share ([`pack_share`]), so a file's `st_blocks` stays its own and the shares add up to
 //! the extent (rounded up per file). Only files with the same codec, level, mode and worth-it
-//! rule share a pack; packs are compressed without a store dictionary (a pack is large enough
-//! to be its own context).
+//! rule share a pack. Once the store has a dictionary, a zstd pack is compressed with it
+//! (whatever its length, unlike a file's own extents: see `dict`), and only with it: measured,
+//! it shortened nearly every pack (the first copy in the pack of what the store's files have in
+//! common, headers and boilerplate, and the entropy tables), and trying the codec without it
+//! as well would double the CPU for a few bytes in all. `dict=nopack` keeps packs off the
+//! dictionary.
 //!
 //! `defrag` keeps packs: a file whose one map entry covers it whole in a pack is at the target
-//! extent size, and when its codec or level is not the target's it is repacked with other such
-//! files ([`Inner::repack_add`]), never rewritten alone.
+//! extent size, and when its codec or level is not the target's, or its pack does not use the
+//! current dictionary, it is repacked with other such files ([`Inner::repack_add`]), never
+//! rewritten alone.
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -23,8 +28,7 @@ use std::sync::Arc;
 
 use compfs_codec::ExtentPolicy;
 
-use crate::dict::DictCtx;
-use crate::encode::{encode_block, EncodeJob, EncodedBlock};
+use crate::encode::{encode_block, EncodeJob, EncodedBlock, Out};
 use crate::error::{Error, Result};
 use crate::flush::{FlushMeta, Staged};
 use crate::meta::W;
@@ -97,6 +101,10 @@ pub(crate) struct PackInput {
 pub(crate) struct Repack {
     pub policy: ExtentPolicy,
     pub input: PackInput,
+    /// Its pack is at target but not compressed with the current dictionary: it is packed
+    /// only with other such files, and their pack is written only if it comes out compressed
+    /// with the dictionary (see `defrag`, `BlockPlan::IfDict`).
+    pub if_dict: bool,
 }
 
 /// Repacks waiting per policy.
@@ -132,6 +140,7 @@ impl Inner {
             for p in &inputs {
                 dx.offer(policy.spec, &p.data[..p.member.len as usize]);
             }
+            let px = self.pack_dict_ctx(&policy);
             let total: usize = inputs.iter().map(|p| p.member.len as usize).sum();
             let mut buf = Vec::with_capacity(total);
             let mut members = Vec::with_capacity(inputs.len());
@@ -144,7 +153,7 @@ impl Inner {
             let buf = Arc::new(buf);
             jobs.push(Box::new(move |enc: &mut compfs_codec::ExtentEncoder| {
                 // `block` carries the pack's index back (the header records file offset 0).
-                let mut en = encode_block(enc, &policy, 1, &buf, false, &DictCtx::none());
+                let mut en = encode_block(enc, &policy, 1, &buf, false, &px);
                 en.block = i as u64;
                 (en, buf)
             }));
@@ -274,24 +283,34 @@ impl Inner {
     }
 
     /// Queues a file of one block stored whole in a pack for a repack with `policy` (a defrag
-    /// found it off target), and writes the queued repacks of that policy once they fill a
+    /// found it off target; `if_dict`: at target but not on the current dictionary, see
+    /// [`Repack::if_dict`]), and writes the queued repacks of that policy once they fill a
     /// pack (the caller checked that packing is on).
-    pub(crate) fn repack_add(&self, policy: ExtentPolicy, input: PackInput) -> Result<()> {
+    pub(crate) fn repack_add(
+        &self,
+        policy: ExtentPolicy,
+        input: PackInput,
+        if_dict: bool,
+    ) -> Result<()> {
         let limit = self.pack.load(Ordering::Relaxed).max(1) as usize;
         let due = {
             let mut q = lock(&self.repack);
             q.items.retain(|r| r.input.member.ino != input.member.ino);
-            q.items.push(Repack { policy, input });
+            q.items.push(Repack {
+                policy,
+                input,
+                if_dict,
+            });
             let bytes: usize = q
                 .items
                 .iter()
-                .filter(|r| r.policy == policy)
+                .filter(|r| r.policy == policy && r.if_dict == if_dict)
                 .map(|r| r.input.member.len as usize)
                 .sum();
             bytes >= limit
         };
         if due {
-            self.repack_flush(Some(policy))?;
+            self.repack_flush(Some((policy, if_dict)))?;
         }
         Ok(())
     }
@@ -304,14 +323,17 @@ impl Inner {
             .any(|r| r.input.member.ino == ino)
     }
 
-    /// Writes the queued repacks (of `only` that policy, or all) in packs of the pack size; a
-    /// file left alone in its group is written as a pack of one (so it stays a pack).
-    pub(crate) fn repack_flush(&self, only: Option<ExtentPolicy>) -> Result<()> {
+    /// Writes the queued repacks in packs of the pack size: all of them (`only` None; a file
+    /// left alone in its group is written as a pack of one, so it stays a pack), or those of
+    /// one (policy, `if_dict`) group that fill packs (the last, partly filled pack's files stay
+    /// queued for more to join them). A pack of [`Repack::if_dict`] files that comes out
+    /// without the dictionary is not written (its files keep their packs).
+    pub(crate) fn repack_flush(&self, only: Option<(ExtentPolicy, bool)>) -> Result<()> {
         let items: Vec<Repack> = {
             let mut q = lock(&self.repack);
             let (take, keep): (Vec<Repack>, Vec<Repack>) = std::mem::take(&mut q.items)
                 .into_iter()
-                .partition(|r| only.is_none_or(|p| p == r.policy));
+                .partition(|r| only.is_none_or(|g| g == (r.policy, r.if_dict)));
             q.items = keep;
             take
         };
@@ -320,15 +342,19 @@ impl Inner {
         }
         self.check_writable()?;
         let limit = self.pack.load(Ordering::Relaxed).max(1) as usize;
-        let mut groups: Vec<(ExtentPolicy, Vec<PackInput>)> = Vec::new();
+        let mut groups: Vec<(ExtentPolicy, bool, Vec<PackInput>)> = Vec::new();
         for r in items {
-            match groups.iter_mut().find(|g| g.0 == r.policy) {
-                Some(g) => g.1.push(r.input),
-                None => groups.push((r.policy, vec![r.input])),
+            match groups
+                .iter_mut()
+                .find(|g| g.0 == r.policy && g.1 == r.if_dict)
+            {
+                Some(g) => g.2.push(r.input),
+                None => groups.push((r.policy, r.if_dict, vec![r.input])),
             }
         }
         let mut packs: Vec<(ExtentPolicy, Vec<PackInput>)> = Vec::new();
-        for (policy, inputs) in groups {
+        let mut if_dict: Vec<bool> = Vec::new();
+        for (policy, only_dict, inputs) in groups {
             let lens: Vec<usize> = inputs.iter().map(|p| p.member.len as usize).collect();
             let mut ranges = plan_packs(&lens, limit);
             // Every file goes: singles too (a pack of one file stays a packed extent).
@@ -342,11 +368,33 @@ impl Inner {
             }
             ranges.sort_by_key(|r| r.start);
             let mut it = inputs.into_iter();
-            for r in ranges {
-                packs.push((policy, it.by_ref().take(r.len()).collect()));
+            let n = ranges.len();
+            for (k, r) in ranges.into_iter().enumerate() {
+                let take: Vec<PackInput> = it.by_ref().take(r.len()).collect();
+                if only.is_some() && k + 1 == n && n > 1 {
+                    lock(&self.repack)
+                        .items
+                        .extend(take.into_iter().map(|input| Repack {
+                            policy,
+                            input,
+                            if_dict: only_dict,
+                        }));
+                    continue;
+                }
+                packs.push((policy, take));
+                if_dict.push(only_dict);
             }
         }
-        let encoded = self.encode_packs(packs)?;
+        let encoded: Vec<(EncodedBlock, Vec<Member>)> = self
+            .encode_packs(packs)?
+            .into_iter()
+            .zip(if_dict)
+            .filter(|((en, _), only_dict)| !only_dict || uses_dict(en))
+            .map(|(p, _)| p)
+            .collect();
+        if encoded.is_empty() {
+            return Ok(());
+        }
         let staged = self.stage_packs(encoded).map_err(|e| self.fail(e))?;
         let res = self.write_joined(false, |w| {
             for p in &staged {
@@ -363,6 +411,11 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Whether an encoded pack came out compressed with a dictionary.
+fn uses_dict(en: &EncodedBlock) -> bool {
+    matches!(en.0.out, Out::Extent { dict, .. } if dict != 0)
 }
 
 #[cfg(test)]

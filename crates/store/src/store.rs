@@ -343,6 +343,7 @@ impl Store {
         let dicts = Arc::new(crate::dict::Dicts::open(
             &db,
             opts.dict && !opts.read_only,
+            opts.pack_dict,
             crate::dict::dict_level(sb.codec),
         )?);
         let inner = Arc::new(Inner {

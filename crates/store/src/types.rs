@@ -212,6 +212,10 @@ pub struct OpenOptions {
     /// Store-trained zstd dictionaries for small extents and inline data (mount option
     /// `dict=off` turns them off; extents already using one stay readable).
     pub dict: bool,
+    /// With `dict`: packed extents are compressed with the store's dictionary too (when that
+    /// is shorter), as small extents and inline data are (the default; mount option
+    /// `dict=nopack` turns it off for packs only).
+    pub pack_dict: bool,
     /// Small files written together are compressed together into packed extents of up to
     /// this many bytes (see docs/format.md, *Packed extents*); 0 turns packing off (mount
     /// option `pack=off`). Default [`crate::DEFAULT_PACK`].
@@ -234,6 +238,7 @@ impl Default for OpenOptions {
             min_saving: DEFAULT_MIN_SAVING,
             background: crate::BackgroundPolicy::default(),
             dict: true,
+            pack_dict: true,
             pack: crate::DEFAULT_PACK,
         }
     }

@@ -36,7 +36,8 @@ pub struct MountArgs {
                 worth_it=bytes (default: keep an extent compressed if it is shorter) or \
                 worth_it=sector (btrfs: only if it saves a 4 KiB sector), \
                 background_compression=ALG[:LEVEL], background_delay=SECS (default 60), \
-                dict=on (default: store-trained zstd dictionaries for small files) or dict=off, \
+                dict=on (default: store-trained zstd dictionaries for small files and packs), \
+                dict=nopack (not for packs) or dict=off, \
                 pack=on (default: small files compressed together in packs of 128K), pack=SIZE or pack=off"
     )]
     pub options: Vec<String>,
