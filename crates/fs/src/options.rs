@@ -73,7 +73,7 @@ pub struct MountOptions {
     pub dict: bool,
     /// Packed extents use the dictionary too (`dict=on`); false with `dict=nopack`.
     pub pack_dict: bool,
-    /// `pack=on` (default, packs of 128K) / `pack=off` / `pack=SIZE` (4K to 1M): small files
+    /// `pack=on` (default, packs of 256K) / `pack=off` / `pack=SIZE` (4K to 1M): small files
     /// written together are compressed together into packed extents of up to SIZE bytes
     /// (see docs/format.md, "Packed extents"); 0 = off.
     pub pack: u32,

@@ -40,7 +40,7 @@ use crate::types::*;
 pub(crate) const PACK_OWNER: Ino = 0;
 
 /// Default pack size: the largest uncompressed extent a pack makes (see docs/benchmarks-fs.md).
-pub const DEFAULT_PACK: u32 = 128 << 10;
+pub const DEFAULT_PACK: u32 = 256 << 10;
 
 /// The stored bytes charged to a file for `len` bytes of a packed extent of `raw_len` bytes
 /// stored in `stored_len`: its share, rounded up (so a file with data is never charged 0).

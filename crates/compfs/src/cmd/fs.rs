@@ -38,7 +38,7 @@ pub struct MountArgs {
                 background_compression=ALG[:LEVEL], background_delay=SECS (default 60), \
                 dict=on (default: store-trained zstd dictionaries for small files and packs), \
                 dict=nopack (not for packs) or dict=off, \
-                pack=on (default: small files compressed together in packs of 128K), pack=SIZE or pack=off"
+                pack=on (default: small files compressed together in packs of 256K), pack=SIZE or pack=off"
     )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
