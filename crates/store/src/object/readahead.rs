@@ -18,6 +18,12 @@ pub fn window(cap: u64, block: u64) -> u64 {
     READAHEAD_BLOCKS.min(cap / 4 / block.max(1))
 }
 
+/// Blocks one file readahead ([`crate::backend::SegFile::prefetch`]) may ask for under a
+/// cache bound of `cap` bytes: a quarter of the cache.
+pub fn prefetch_limit(cap: u64, block: u64) -> usize {
+    usize::try_from(cap / 4 / block.max(1)).unwrap_or(usize::MAX)
+}
+
 /// The block before block `b` of chunk `start` along the segment whose chunks (start ->
 /// length) are `chunks`: the previous block of the same chunk, or the last one of the chunk
 /// ending where this one starts; `None` at the first block of the segment's data.
@@ -330,6 +336,10 @@ mod tests {
         assert_eq!(window(3 << 20, 1 << 20), 0);
         assert_eq!(window(8 << 20, 1 << 20), 2);
         assert_eq!(window(0, 0), 0);
+        assert_eq!(prefetch_limit(1 << 30, 1 << 20), 256);
+        assert_eq!(prefetch_limit(3 << 20, 1 << 20), 0);
+        assert_eq!(prefetch_limit(8 << 20, 1 << 20), 2);
+        assert_eq!(prefetch_limit(0, 0), 0);
     }
 
     #[test]
