@@ -118,6 +118,14 @@ fn segment_runs(xrs: &[ExtentRec], merge_gap: u64) -> Vec<(u64, u64, u64)> {
     runs
 }
 
+/// Of extents `xrs`, the one written last: the one ending furthest into the newest segment
+/// (segments are numbered in the order they are opened, and a segment is appended to in
+/// order). What follows it in the store was written after the file's data, whatever the
+/// order of its extents in the file.
+fn written_last<'a>(xrs: impl Iterator<Item = &'a ExtentRec>) -> Option<&'a ExtentRec> {
+    xrs.max_by_key(|x| (x.segment, x.seg_offset.saturating_add(x.footprint())))
+}
+
 impl Inner {
     /// Names to the backend the segment bytes of `ino`'s extents holding file bytes
     /// `from..to.min(size)` (a hint: errors only end it); when the range reaches the end of
@@ -145,8 +153,11 @@ impl Inner {
         let mut runs = segment_runs(&xrs, 64 << 10);
         if to >= size {
             match self.last_extent(txn, ino) {
-                Ok(Some(xr)) => runs.extend(self.after_last(&xr)),
-                Ok(None) => {}
+                Ok(last) => {
+                    if let Some(xr) = written_last(xrs.iter().chain(last.as_ref())) {
+                        runs.extend(self.after_last(xr));
+                    }
+                }
                 Err(e) => tracing::debug!("compfs: no readahead past inode {ino}: {e}"),
             }
         }
@@ -158,7 +169,7 @@ impl Inner {
         }
     }
 
-    /// The [`NEXT_FILE`] segment bytes after extent `xr`, the last of a file: (segment,
+    /// The [`NEXT_FILE`] segment bytes after extent `xr`, the last written of a file: (segment,
     /// offset, length), or the head of the next segment when `xr` ends its segment.
     fn after_last(&self, xr: &ExtentRec) -> Option<(u64, u64, u64)> {
         let at = xr.seg_offset.saturating_add(xr.footprint());
@@ -328,5 +339,20 @@ mod tests {
         let merged = segment_runs(&x, 20_000);
         assert_eq!(merged[0], (1, 100, 10_000 - 100 + 10 + h));
         assert_eq!(merged.len(), 3, "{merged:?}");
+    }
+
+    #[test]
+    fn the_extent_written_last_is_the_one_ending_furthest_in_the_newest_segment() {
+        let x = [
+            xr(2, 500, 10),
+            xr(3, 100, 10),
+            xr(3, 40, 10),
+            xr(1, 900, 10),
+        ];
+        assert_eq!(written_last(x.iter()), Some(&x[1]));
+        // The file's last extent by offset need not be the last written.
+        let y = [xr(4, 0, 100), xr(4, 5000, 100), xr(4, 200, 100)];
+        assert_eq!(written_last(y.iter()), Some(&y[1]));
+        assert_eq!(written_last([].iter()), None);
     }
 }

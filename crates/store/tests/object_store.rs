@@ -389,9 +389,14 @@ fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
 
 /// A file read to its end has the head of the file written after it fetched in the
 /// background (what `tar c` of a tree written by `cp -r` reads next): the first bytes of the
-/// second file show up in the data cache without anything reading that file. Deterministic:
-/// it waits (up to a minute) for a fetch that is started once the first file's read reaches
-/// its end, and looks for the bytes themselves (incompressible, so stored as they are).
+/// second file are in the data cache without anything reading that file. Deterministic: the
+/// fetch is queued by the first read of the first file (its window reaches the file's end),
+/// the test waits for the readahead workers to stop (every queued block fetched; a minute at
+/// most, for a stuck worker) and then looks once for the bytes themselves (incompressible, so
+/// stored as they are; a 1 GiB cache evicts nothing). The files' extents are 16 KiB and
+/// compressed by several workers at once: the second file's head follows the first file's
+/// data only because a flush appends its extents in file order, whichever worker finished
+/// first.
 #[test]
 fn reading_a_file_to_its_end_fetches_the_head_of_the_next_one() {
     let srv = Server::start();
@@ -433,10 +438,10 @@ fn reading_a_file_to_its_end_fetches_the_head_of_the_next_one() {
                     .unwrap_or(false)
         })
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !b_head_cached() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        h2.backend.wait_readahead(Duration::from_secs(60)),
+        "the readahead workers did not stop within a minute"
+    );
     assert!(
         b_head_cached(),
         "the head of file b was not fetched after file a was read to its end"

@@ -110,8 +110,11 @@ pub const MAX_QUEUED: usize = 256;
 /// Blocks to fetch ahead of readers, taken in order by up to [`WORKERS`] workers.
 #[derive(Default)]
 pub struct AheadQueue {
-    /// The blocks, and whether a worker is serving them.
+    /// The blocks, and how many workers are serving them.
     q: Mutex<(VecDeque<Ahead>, usize)>,
+    /// Notified when the last worker stops (the queue is empty and nothing is being fetched
+    /// ahead any more).
+    idle: Condvar,
 }
 
 impl AheadQueue {
@@ -149,6 +152,9 @@ impl AheadQueue {
         let out: Vec<Ahead> = g.0.drain(..k).collect();
         if out.is_empty() {
             g.1 = g.1.saturating_sub(1);
+            if g.1 == 0 {
+                self.idle.notify_all();
+            }
         }
         out
     }
@@ -157,6 +163,20 @@ impl AheadQueue {
     pub fn abandon(&self) {
         let mut g = self.lock();
         g.1 = g.1.saturating_sub(1);
+        if g.1 == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until no worker runs (so every block queued so far was fetched, or its fetch
+    /// failed), for at most `timeout`; whether that happened.
+    pub fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        let g = self.lock();
+        let (g, _) = self
+            .idle
+            .wait_timeout_while(g, timeout, |g| g.1 > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        g.1 == 0
     }
 
     /// Blocks queued now.
@@ -318,7 +338,12 @@ mod tests {
         for _ in 0..WORKERS {
             assert_eq!(q.take(2), vec![]);
         }
+        assert!(
+            q.wait_idle(std::time::Duration::ZERO),
+            "no worker left: idle"
+        );
         assert!(q.push(&[a(3)]), "so the next push starts one again");
+        assert!(!q.wait_idle(std::time::Duration::ZERO), "a worker runs");
         q.abandon();
         assert!(
             q.push(&[a(4)]),
