@@ -298,8 +298,13 @@ impl Inner {
         &self,
         ino: Ino,
         e: u64,
-        results: Vec<EncodedBlock>,
+        mut results: Vec<EncodedBlock>,
     ) -> Result<Staged> {
+        // In file order, whatever order the compression workers finished in: a file written
+        // sequentially is then laid out sequentially (its last extent is the last one appended,
+        // so what a reader finds after it is the next file written: see `prefetch`), and
+        // readahead along a segment follows the file.
+        results.sort_by_key(|(en, _)| (en.block, en.off));
         let mut encoded = Vec::with_capacity(results.len());
         let mut blocks: BTreeMap<u64, Arc<Vec<u8>>> = BTreeMap::new();
         for (en, a) in results {

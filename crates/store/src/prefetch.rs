@@ -19,7 +19,13 @@ use crate::store::{lock, Inner};
 use crate::types::Ino;
 
 /// File bytes fetched ahead of a sequential reader, at most.
-pub(crate) const WINDOW: u64 = 8 << 20;
+pub(crate) const WINDOW: u64 = 32 << 20;
+
+/// Segment bytes fetched past the last extent of a file read sequentially to its end: the
+/// head of the file written after it, which a reader going through a directory in order
+/// (`tar c`, `cp -r`, rsync, of a tree written by one of them) opens next, so that its first
+/// read need not wait for a GET. A cache block: one ranged GET, two when it straddles blocks.
+pub(crate) const NEXT_FILE: u64 = 1 << 20;
 
 /// Files whose read streams are followed at once; more, and all are forgotten (a reader that
 /// goes on starts a new stream at its next read from offset 0 or is simply not helped).
@@ -112,22 +118,82 @@ fn segment_runs(xrs: &[ExtentRec], merge_gap: u64) -> Vec<(u64, u64, u64)> {
     runs
 }
 
+/// Of extents `xrs`, the one written last: the one ending furthest into the newest segment
+/// (segments are numbered in the order they are opened, and a segment is appended to in
+/// order). What follows it in the store was written after the file's data, whatever the
+/// order of its extents in the file.
+fn written_last<'a>(xrs: impl Iterator<Item = &'a ExtentRec>) -> Option<&'a ExtentRec> {
+    xrs.max_by_key(|x| (x.segment, x.seg_offset.saturating_add(x.footprint())))
+}
+
 impl Inner {
     /// Names to the backend the segment bytes of `ino`'s extents holding file bytes
-    /// `from..to` (a hint: errors only end it).
-    pub(crate) fn prefetch_file(&self, txn: &ReadTransaction, ino: Ino, from: u64, to: u64) {
-        let xrs = match self.extents_of(txn, ino, from, to) {
+    /// `from..to.min(size)` (a hint: errors only end it); when the range reaches the end of
+    /// the file (`to >= size`), also the [`NEXT_FILE`] segment bytes written after its last
+    /// extent (`Inner::after_last`).
+    pub(crate) fn prefetch_file(
+        &self,
+        txn: &ReadTransaction,
+        ino: Ino,
+        from: u64,
+        to: u64,
+        size: u64,
+    ) {
+        let end = to.min(size);
+        if from >= end {
+            return;
+        }
+        let xrs = match self.extents_of(txn, ino, from, end) {
             Ok(x) => x,
             Err(e) => {
                 tracing::debug!("compfs: no readahead for inode {ino}: {e}");
                 return;
             }
         };
-        for (seg, off, len) in segment_runs(&xrs, 64 << 10) {
+        let mut runs = segment_runs(&xrs, 64 << 10);
+        if to >= size {
+            match self.last_extent(txn, ino) {
+                Ok(last) => {
+                    if let Some(xr) = written_last(xrs.iter().chain(last.as_ref())) {
+                        runs.extend(self.after_last(xr));
+                    }
+                }
+                Err(e) => tracing::debug!("compfs: no readahead past inode {ino}: {e}"),
+            }
+        }
+        for (seg, off, len) in runs {
             match self.seg_file(seg) {
                 Ok(f) => f.prefetch(off, len),
                 Err(e) => tracing::debug!("compfs: no readahead in segment {seg}: {e}"),
             }
+        }
+    }
+
+    /// The [`NEXT_FILE`] segment bytes after extent `xr`, the last written of a file: (segment,
+    /// offset, length), or the head of the next segment when `xr` ends its segment.
+    fn after_last(&self, xr: &ExtentRec) -> Option<(u64, u64, u64)> {
+        let at = xr.seg_offset.saturating_add(xr.footprint());
+        let f = self.seg_file(xr.segment).ok()?;
+        if at < f.size().ok()? {
+            return Some((xr.segment, at, NEXT_FILE));
+        }
+        let next = xr.segment.checked_add(1)?;
+        self.seg_file(next).ok()?;
+        Some((next, 0, NEXT_FILE))
+    }
+
+    /// The extent record of `ino`'s last map entry (its data that ends the file).
+    fn last_extent(&self, txn: &ReadTransaction, ino: Ino) -> Result<Option<ExtentRec>> {
+        let map = txn.open_table(meta::EXTMAP)?;
+        let Some(r) = map.range((ino, 0)..=(ino, u64::MAX))?.next_back() else {
+            return Ok(None);
+        };
+        let (_, v) = r?;
+        let m = dec(MapRec::decode(v.value()))?;
+        let extents = txn.open_table(meta::EXTENTS)?;
+        match extents.get(m.extent)? {
+            Some(v) => Ok(Some(dec(ExtentRec::decode(v.value()))?)),
+            None => Ok(None),
         }
     }
 
@@ -273,5 +339,20 @@ mod tests {
         let merged = segment_runs(&x, 20_000);
         assert_eq!(merged[0], (1, 100, 10_000 - 100 + 10 + h));
         assert_eq!(merged.len(), 3, "{merged:?}");
+    }
+
+    #[test]
+    fn the_extent_written_last_is_the_one_ending_furthest_in_the_newest_segment() {
+        let x = [
+            xr(2, 500, 10),
+            xr(3, 100, 10),
+            xr(3, 40, 10),
+            xr(1, 900, 10),
+        ];
+        assert_eq!(written_last(x.iter()), Some(&x[1]));
+        // The file's last extent by offset need not be the last written.
+        let y = [xr(4, 0, 100), xr(4, 5000, 100), xr(4, 200, 100)];
+        assert_eq!(written_last(y.iter()), Some(&y[1]));
+        assert_eq!(written_last([].iter()), None);
     }
 }

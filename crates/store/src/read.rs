@@ -449,14 +449,13 @@ impl Store {
             return Ok(0);
         }
         let n = ((rec.size - offset).min(buf.len() as u64)) as usize;
-        inner.read_persisted(&txn, ino, offset, &mut buf[..n])?;
+        // Readahead first: its GETs are then on their way while this read waits for its own.
         if inner.tuning.backend.prefetches() {
             if let Some((from, to)) = inner.prefetch.read(ino, offset, n as u64) {
-                if from < to.min(rec.size) {
-                    inner.prefetch_file(&txn, ino, from, to.min(rec.size));
-                }
+                inner.prefetch_file(&txn, ino, from, to, rec.size);
             }
         }
+        inner.read_persisted(&txn, ino, offset, &mut buf[..n])?;
         inner
             .counters
             .user_read

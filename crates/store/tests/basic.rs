@@ -701,3 +701,36 @@ fn attribute_changes_are_deferred_but_never_stale_or_lost() {
     let s = Store::open(&p, &OpenOptions::default()).unwrap();
     assert_eq!(s.getattr(f.ino).unwrap().perm, 0o640);
 }
+
+/// A flush appends a file's extents in file order, whichever compression worker finished
+/// first (the workers take groups of blocks and hand them back as they finish): a file
+/// written sequentially lies sequentially in its segment, so readahead along a segment follows
+/// the file, and what follows its last extent is the file written after it (what a bucket
+/// store fetches ahead of an in-order directory read).
+#[test]
+fn a_flush_appends_a_files_extents_in_file_order() {
+    let (dir, s) = new_store(16384);
+    let p = dir.path().join("s");
+    let mut inos = Vec::new();
+    for (i, name) in [&b"a"[..], b"b"].into_iter().enumerate() {
+        let f = s
+            .mknod(ROOT_INO, name, FileKind::File, 0o644, 0, 0, 0)
+            .unwrap();
+        s.open_file(f.ino).unwrap();
+        // Text of varying compressibility: the workers' groups take unequal times.
+        s.write(f.ino, 0, &pattern(4 << 20, i as u64)).unwrap();
+        s.fsync(f.ino, false).unwrap();
+        inos.push(f.ino);
+    }
+    s.close().unwrap();
+    let order: Vec<(Ino, u64)> = common::walk_segments(&p)
+        .into_iter()
+        .map(|(_, _, h)| (h.ino, h.file_offset))
+        .filter(|(ino, _)| inos.contains(ino))
+        .collect();
+    let want: Vec<(Ino, u64)> = inos
+        .iter()
+        .flat_map(|&ino| (0..256u64).map(move |b| (ino, b * 16384)))
+        .collect();
+    assert_eq!(order, want, "extents in segment order");
+}

@@ -387,6 +387,71 @@ fn cold_sequential_reads_fetch_the_next_blocks_ahead() {
     h2.close().unwrap();
 }
 
+/// A file read to its end has the head of the file written after it fetched in the
+/// background (what `tar c` of a tree written by `cp -r` reads next): the first bytes of the
+/// second file are in the data cache without anything reading that file. Deterministic: the
+/// fetch is queued by the first read of the first file (its window reaches the file's end),
+/// the test waits for the readahead workers to stop (every queued block fetched; a minute at
+/// most, for a stuck worker) and then looks once for the bytes themselves (incompressible, so
+/// stored as they are; a 1 GiB cache evicts nothing). The files' extents are 16 KiB and
+/// compressed by several workers at once: the second file's head follows the first file's
+/// data only because a flush appends its extents in file order, whichever worker finished
+/// first.
+#[test]
+fn reading_a_file_to_its_end_fetches_the_head_of_the_next_one() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/nextfile").unwrap();
+    let o = options(&srv, &t.path().join("w"), 0, Duration::from_secs(20));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let a_data = random(1 << 20, 7);
+    let b_data = random(1 << 20, 8);
+    let a = new_file(&h.store, "a", &a_data);
+    h.store.fsync(a, true).unwrap();
+    let b = new_file(&h.store, "b", &b_data);
+    h.store.fsync(b, true).unwrap();
+    h.close().unwrap();
+    let o2 = options(&srv, &t.path().join("r"), 1 << 30, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    let a = h2.store.lookup(ROOT_INO, b"a").unwrap().ino;
+    let mut buf = vec![0u8; 128 << 10];
+    let mut off = 0u64;
+    let mut back = Vec::new();
+    loop {
+        let n = h2.store.read(a, off, &mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        back.extend_from_slice(&buf[..n]);
+        off += n as u64;
+    }
+    assert!(back == a_data);
+    let cache = t.path().join("r/cache");
+    let head = &b_data[..4096];
+    let b_head_cached = || {
+        std::fs::read_dir(&cache).unwrap().any(|e| {
+            let e = e.unwrap();
+            !e.file_name().to_string_lossy().starts_with("tmp.")
+                && std::fs::read(e.path())
+                    .map(|d| d.windows(head.len()).any(|w| w == head))
+                    .unwrap_or(false)
+        })
+    };
+    assert!(
+        h2.backend.wait_readahead(Duration::from_secs(60)),
+        "the readahead workers did not stop within a minute"
+    );
+    assert!(
+        b_head_cached(),
+        "the head of file b was not fetched after file a was read to its end"
+    );
+    let b = h2.store.lookup(ROOT_INO, b"b").unwrap().ino;
+    let n = h2.store.read(b, 0, &mut buf).unwrap();
+    assert!(buf[..n] == b_data[..n]);
+    h2.close().unwrap();
+}
+
 /// The lease object as it is in the bucket.
 fn lease_of(url: &S3Url, o: &ObjectOptions) -> LeaseRecord {
     let r = object::Remote::connect(url, &o.remote).unwrap();

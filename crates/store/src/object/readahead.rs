@@ -18,6 +18,12 @@ pub fn window(cap: u64, block: u64) -> u64 {
     READAHEAD_BLOCKS.min(cap / 4 / block.max(1))
 }
 
+/// Blocks one file readahead ([`crate::backend::SegFile::prefetch`]) may ask for under a
+/// cache bound of `cap` bytes: a quarter of the cache.
+pub fn prefetch_limit(cap: u64, block: u64) -> usize {
+    usize::try_from(cap / 4 / block.max(1)).unwrap_or(usize::MAX)
+}
+
 /// The block before block `b` of chunk `start` along the segment whose chunks (start ->
 /// length) are `chunks`: the previous block of the same chunk, or the last one of the chunk
 /// ending where this one starts; `None` at the first block of the segment's data.
@@ -104,8 +110,11 @@ pub const MAX_QUEUED: usize = 256;
 /// Blocks to fetch ahead of readers, taken in order by up to [`WORKERS`] workers.
 #[derive(Default)]
 pub struct AheadQueue {
-    /// The blocks, and whether a worker is serving them.
+    /// The blocks, and how many workers are serving them.
     q: Mutex<(VecDeque<Ahead>, usize)>,
+    /// Notified when the last worker stops (the queue is empty and nothing is being fetched
+    /// ahead any more).
+    idle: Condvar,
 }
 
 impl AheadQueue {
@@ -143,6 +152,9 @@ impl AheadQueue {
         let out: Vec<Ahead> = g.0.drain(..k).collect();
         if out.is_empty() {
             g.1 = g.1.saturating_sub(1);
+            if g.1 == 0 {
+                self.idle.notify_all();
+            }
         }
         out
     }
@@ -151,6 +163,20 @@ impl AheadQueue {
     pub fn abandon(&self) {
         let mut g = self.lock();
         g.1 = g.1.saturating_sub(1);
+        if g.1 == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until no worker runs (so every block queued so far was fetched, or its fetch
+    /// failed), for at most `timeout`; whether that happened.
+    pub fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        let g = self.lock();
+        let (g, _) = self
+            .idle
+            .wait_timeout_while(g, timeout, |g| g.1 > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        g.1 == 0
     }
 
     /// Blocks queued now.
@@ -312,7 +338,12 @@ mod tests {
         for _ in 0..WORKERS {
             assert_eq!(q.take(2), vec![]);
         }
+        assert!(
+            q.wait_idle(std::time::Duration::ZERO),
+            "no worker left: idle"
+        );
         assert!(q.push(&[a(3)]), "so the next push starts one again");
+        assert!(!q.wait_idle(std::time::Duration::ZERO), "a worker runs");
         q.abandon();
         assert!(
             q.push(&[a(4)]),
@@ -330,6 +361,10 @@ mod tests {
         assert_eq!(window(3 << 20, 1 << 20), 0);
         assert_eq!(window(8 << 20, 1 << 20), 2);
         assert_eq!(window(0, 0), 0);
+        assert_eq!(prefetch_limit(1 << 30, 1 << 20), 256);
+        assert_eq!(prefetch_limit(3 << 20, 1 << 20), 0);
+        assert_eq!(prefetch_limit(8 << 20, 1 << 20), 2);
+        assert_eq!(prefetch_limit(0, 0), 0);
     }
 
     #[test]

@@ -391,8 +391,9 @@ impl Remote {
         }
     }
 
-    /// GETs bytes `range` of an object (a ranged GET); fails unless all of them came.
-    pub fn get_range(&self, name: &str, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
+    /// GETs bytes `range` of an object (a ranged GET); fails unless all of them came. The
+    /// client's buffer is handed over as it is (no copy).
+    pub fn get_range(&self, name: &str, range: std::ops::Range<u64>) -> io::Result<bytes::Bytes> {
         let p = self.path(name);
         let r = super::retry::retry_until(self.deadline, || {
             self.rt.block_on(self.store.get_range(&p, range.clone()))
@@ -402,7 +403,10 @@ impl Remote {
 
     /// Ranged GETs of several (object, range) pairs, sent in parallel; one result each, in
     /// order, each failing unless all of its bytes came.
-    pub fn get_ranges(&self, reqs: &[(String, std::ops::Range<u64>)]) -> Vec<io::Result<Vec<u8>>> {
+    pub fn get_ranges(
+        &self,
+        reqs: &[(String, std::ops::Range<u64>)],
+    ) -> Vec<io::Result<bytes::Bytes>> {
         let paths: Vec<ObjPath> = reqs.iter().map(|(n, _)| self.path(n)).collect();
         let futs = paths
             .iter()
@@ -424,7 +428,7 @@ impl Remote {
         name: &str,
         range: std::ops::Range<u64>,
         r: object_store::Result<bytes::Bytes>,
-    ) -> io::Result<Vec<u8>> {
+    ) -> io::Result<bytes::Bytes> {
         let want = range.end - range.start;
         let b = r.map_err(io_err)?;
         self.stats.gets.fetch_add(1, Ordering::Relaxed);
@@ -437,7 +441,7 @@ impl Remote {
                 b.len()
             )));
         }
-        Ok(b.to_vec())
+        Ok(b)
     }
 
     /// Keys (below the prefix) and sizes of every object under `folder`.

@@ -672,6 +672,13 @@ impl ObjectBackend {
         self.shared.cache.as_ref().map_or(0, |c| c.bytes())
     }
 
+    /// Waits (at most `timeout`) until the readahead workers stopped: every block queued
+    /// for fetching ahead so far was fetched into the cache (or its GET failed). Whether they
+    /// did.
+    pub fn wait_readahead(&self, timeout: std::time::Duration) -> bool {
+        self.shared.ahead_q.wait_idle(timeout)
+    }
+
     /// Bytes appended and not yet uploaded.
     pub fn pending_bytes(&self) -> u64 {
         self.shared.pending_bytes.load(Ordering::Relaxed)

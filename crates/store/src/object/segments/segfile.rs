@@ -227,6 +227,9 @@ impl SegFile for ObjectSegFile {
             let mut b = readahead::blocks_in(&s.chunks, offset, len, BLOCK);
             // Chunks still in the upload queue are read from their files, not fetched.
             b.retain(|(c, _, _)| !s.local.contains(c));
+            // At most a quarter of the cache, so that fetching ahead never pushes out what is
+            // being read (a small cache gets no file readahead at all).
+            b.truncate(readahead::prefetch_limit(cache.cap(), BLOCK));
             b
         };
         self.queue_blocks(cache, blocks);
