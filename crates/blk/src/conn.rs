@@ -24,7 +24,17 @@ use crate::nbd::{
 };
 use crate::store::PageStore;
 
-/// Helper threads per connection (besides the primary) unless set otherwise.
+/// Helper threads per connection (besides the primary) unless set otherwise: two, less what
+/// the machine cannot run beside the primary and the client. On this project's 2-core VM that
+/// is none: fio and the primary already hold both cores, and helpers only add wake-ups and
+/// lock hand-offs (4 KiB randwrite at iodepth 32, lz4: 197-222k IOPS with no helper, 170-189k
+/// with one, 100-150k with two; docs/benchmarks-blk.md).
+pub fn default_helpers() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpus.saturating_sub(2).min(2)
+}
+
+/// The most helper threads a connection gets before [`HELPERS`] is set.
 pub const DEFAULT_HELPERS: usize = 2;
 
 /// Helper threads per connection (`compfs blk serve --conn-threads N` sets N - 1).

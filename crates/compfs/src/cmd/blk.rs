@@ -96,9 +96,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "32")]
     writeback_batch_size: usize,
     /// Threads answering one connection's requests when the client keeps several in flight
-    /// (1: strictly one request at a time).
-    #[arg(long, default_value = "3", value_parser = clap::value_parser!(u16).range(1..=16))]
-    conn_threads: u16,
+    /// (1: strictly one request at a time; default 1 + min(2, CPUs - 2): 1 on 2 cores, 3 on 4).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
+    conn_threads: Option<u16>,
 }
 
 #[derive(Args, Debug)]
@@ -295,7 +295,8 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         store = store.with_policy(p);
     }
     compfs_blk::conn::HELPERS.store(
-        usize::from(a.conn_threads) - 1,
+        a.conn_threads
+            .map_or_else(compfs_blk::conn::default_helpers, |n| usize::from(n) - 1),
         std::sync::atomic::Ordering::Relaxed,
     );
     let store = Arc::new(store);
