@@ -494,7 +494,10 @@ mod tests {
         assert!(!parse("dict=nopack,dict=off").unwrap().dict);
         assert_eq!(parse("").unwrap().pack, compfs_store::DEFAULT_PACK);
         assert_eq!(parse("pack=off").unwrap().pack, 0);
-        assert_eq!(parse("pack=off,pack=on").unwrap().pack, 128 << 10);
+        assert_eq!(
+            parse("pack=off,pack=on").unwrap().pack,
+            compfs_store::DEFAULT_PACK
+        );
         assert_eq!(parse("pack=64K").unwrap().pack, 64 << 10);
         for bad in ["pack", "pack=2K", "pack=2M", "pack=yes"] {
             assert!(
