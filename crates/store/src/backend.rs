@@ -54,6 +54,9 @@ pub trait Backend: Send + Sync {
     fn prefetches(&self) -> bool {
         false
     }
+    /// Stops fetching ahead for good and waits for the fetches under way: the store is
+    /// closing, and nothing may write into the backend's cache once it released its lock.
+    fn stop_prefetch(&self) {}
 }
 
 /// The real file system.
@@ -271,6 +274,9 @@ impl Backend for WatchedBackend {
     }
     fn prefetches(&self) -> bool {
         self.inner.prefetches()
+    }
+    fn stop_prefetch(&self) {
+        self.inner.stop_prefetch()
     }
 }
 

@@ -472,6 +472,8 @@ impl Store {
             return Ok(());
         }
         self.closed = true;
+        // No reader is left: fetches ahead would only fill a cache the next opener may own.
+        self.inner.tuning.backend.stop_prefetch();
         self.threads.stop(&self.inner);
         let r = if self.inner.read_only_open || self.inner.ro_flag.load(Ordering::SeqCst) {
             Ok(())

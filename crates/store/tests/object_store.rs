@@ -452,6 +452,58 @@ fn reading_a_file_to_its_end_fetches_the_head_of_the_next_one() {
     h2.close().unwrap();
 }
 
+/// Closing the store stops its readahead first: once `close` returned, nothing more is written
+/// into the cache directory (the next mount may already use it; before, fetches ahead of a
+/// reader went on filling it after the daemon released the store).
+#[test]
+fn closing_stops_the_readahead_before_it_returns() {
+    let srv = Server::start();
+    let t = tempfile::tempdir().unwrap();
+    let url = S3Url::parse("s3://compfs/stopahead").unwrap();
+    let o = options(&srv, &t.path().join("w"), 0, Duration::from_secs(20));
+    mkfs(&url, &o);
+    let h = open_s3(&url, &o);
+    let data = random(24 << 20, 11);
+    let big = new_file(&h.store, "big", &data);
+    h.store.fsync(big, true).unwrap();
+    h.close().unwrap();
+    let o2 = options(&srv, &t.path().join("r"), 1 << 30, Duration::from_secs(20));
+    let h2 = open_s3(&url, &o2);
+    let big = h2.store.lookup(ROOT_INO, b"big").unwrap().ino;
+    // A sequential reader: the store asks the backend to fetch the file ahead of it.
+    let mut buf = vec![0u8; 128 << 10];
+    for i in 0..4u64 {
+        let n = h2.store.read(big, i * (128 << 10), &mut buf).unwrap();
+        let at = (i * (128 << 10)) as usize;
+        assert!(buf[..n] == data[at..at + n]);
+    }
+    h2.close().unwrap();
+    let cache = t.path().join("r/cache");
+    let listing = || {
+        let mut v: Vec<(String, u64)> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+                (e.file_name().to_string_lossy().into_owned(), len)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let at_close = listing();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        listing(),
+        at_close,
+        "the cache changed after close returned"
+    );
+    assert!(
+        at_close.iter().all(|(n, _)| !n.starts_with("tmp.")),
+        "a block was half written at close: {at_close:?}"
+    );
+}
+
 /// The lease object as it is in the bucket.
 fn lease_of(url: &S3Url, o: &ObjectOptions) -> LeaseRecord {
     let r = object::Remote::connect(url, &o.remote).unwrap();

@@ -112,6 +112,8 @@ pub const MAX_QUEUED: usize = 256;
 pub struct AheadQueue {
     /// The blocks, and how many workers are serving them.
     q: Mutex<(VecDeque<Ahead>, usize)>,
+    /// Set by [`AheadQueue::close`]: nothing is queued any more.
+    closed: std::sync::atomic::AtomicBool,
     /// Notified when the last worker stops (the queue is empty and nothing is being fetched
     /// ahead any more).
     idle: Condvar,
@@ -127,6 +129,9 @@ impl AheadQueue {
     /// running).
     pub fn push(&self, items: &[Ahead]) -> bool {
         let mut g = self.lock();
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
         let mut added = false;
         for it in items {
             if !g.0.iter().any(|q| q.0 == it.0) {
@@ -157,6 +162,19 @@ impl AheadQueue {
             }
         }
         out
+    }
+
+    /// Stops fetching ahead for good: drops the queued blocks, refuses new ones, and waits (at
+    /// most `timeout`) for the fetches under way; whether they ended. Called before the store
+    /// closes, so that no worker writes into the cache directory once the store released it
+    /// (a next mount may already use that directory).
+    pub fn close(&self, timeout: std::time::Duration) -> bool {
+        {
+            let mut g = self.lock();
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            g.0.clear();
+        }
+        self.wait_idle(timeout)
     }
 
     /// The worker could not be started: the next push tries again.
@@ -353,6 +371,25 @@ mod tests {
         q.push(&many);
         assert_eq!(q.len(), MAX_QUEUED);
         assert_eq!(q.take(1), vec![a(10)], "the oldest went first");
+    }
+
+    #[test]
+    fn a_closed_queue_takes_nothing_and_waits_for_its_workers() {
+        let q = AheadQueue::default();
+        let a = |b: u64| ((1, 0, b), 4 << 20);
+        assert!(q.push(&[a(0), a(1)]), "a worker starts");
+        assert!(
+            !q.close(std::time::Duration::from_millis(10)),
+            "the worker still runs"
+        );
+        assert!(q.is_empty(), "the queued blocks are dropped");
+        assert!(!q.push(&[a(2)]), "no worker starts once closed");
+        assert!(q.is_empty());
+        assert!(
+            q.take(2).is_empty(),
+            "the running worker finds nothing and stops"
+        );
+        assert!(q.close(std::time::Duration::from_millis(10)));
     }
 
     #[test]

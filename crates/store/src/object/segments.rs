@@ -124,6 +124,10 @@ pub(crate) struct Writeback {
     damaged: Mutex<Option<String>>,
 }
 
+/// How long closing a store waits for the readahead's GETs under way (each is bounded by the
+/// request timeout; a close is not held up longer by fetches nobody will read).
+const READAHEAD_STOP: Duration = Duration::from_secs(30);
+
 /// How long the uploader waits after a failed upload before it tries again.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
@@ -679,6 +683,12 @@ impl ObjectBackend {
         self.shared.ahead_q.wait_idle(timeout)
     }
 
+    /// Stops the readahead (see [`readahead::AheadQueue::close`]) and waits at most `timeout`
+    /// for its GETs under way; whether they ended.
+    pub fn stop_readahead(&self, timeout: std::time::Duration) -> bool {
+        self.shared.ahead_q.close(timeout)
+    }
+
     /// Bytes appended and not yet uploaded.
     pub fn pending_bytes(&self) -> u64 {
         self.shared.pending_bytes.load(Ordering::Relaxed)
@@ -763,6 +773,12 @@ impl Backend for ObjectBackend {
 
     fn prefetches(&self) -> bool {
         self.shared.cache.is_some()
+    }
+
+    fn stop_prefetch(&self) {
+        if !self.stop_readahead(READAHEAD_STOP) {
+            tracing::warn!("compfs: readahead GETs still under way at close; not waiting longer");
+        }
     }
 
     /// Placeholders need no durability: they are rebuilt from the bucket at every open.
