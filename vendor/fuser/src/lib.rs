@@ -10,6 +10,11 @@
     rust_2018_idioms,
     unreachable_pub
 )]
+// compfs: upstream's unused ABI structs warn here (cargo caps the lints of registry crates, not
+// of path dependencies).
+#![allow(dead_code)]
+// compfs: for `cargo clippy` run on this crate alone (the workspace's clippy does not lint it).
+#![allow(clippy::io_other_error)]
 
 use std::cmp::max;
 use std::cmp::min;
@@ -79,6 +84,8 @@ use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+#[cfg(target_os = "linux")]
+pub use crate::uring::{STATS_QUEUES, UringConfig, UringMode, UringStats, uring_stats};
 
 mod access_flags;
 mod bsd_file_flags;
@@ -101,6 +108,8 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+#[cfg(target_os = "linux")]
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

@@ -34,6 +34,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// compfs: the ring entry the request came through, which takes the reply instead.
+    #[cfg(target_os = "linux")]
+    ring: Option<crate::uring::RingReply>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,33 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            #[cfg(target_os = "linux")]
+            ring: None,
+            request,
+        })
+    }
+
+    /// compfs: a request that came through a FUSE-over-io_uring entry.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn new_ring(
+        ch: ChannelSender,
+        data: &'a [u8],
+        ring: crate::uring::RingReply,
+    ) -> Option<RequestWithSender<'a>> {
+        let mut r = Self::new(ch, data)?;
+        r.ring = Some(ring);
+        Some(r)
+    }
+
+    /// compfs: where replies go: the ring entry of a ring request, else `/dev/fuse`.
+    fn sender(&self) -> ReplySender {
+        #[cfg(target_os = "linux")]
+        if let Some(r) = &self.ring {
+            return ReplySender::Ring(r.clone());
+        }
+        ReplySender::Channel(self.ch.clone())
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +333,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +508,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +581,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

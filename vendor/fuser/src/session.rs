@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// compfs: the FUSE-over-io_uring queues agreed in INIT, started by `run`.
+    #[cfg(target_os = "linux")]
+    uring: Option<crate::uring::Rings>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            uring: None,
         };
 
         session.handshake()?;
@@ -214,6 +219,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            uring: None,
         };
 
         session.handshake()?;
@@ -252,6 +259,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            uring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +295,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let ring_ch = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +317,27 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        // compfs: one pinned thread per FUSE-over-io_uring queue (the /dev/fuse threads above
+        // still take FORGET and INTERRUPT, and everything before the rings are registered).
+        #[cfg(target_os = "linux")]
+        let ring_threads = match uring {
+            Some(rings) => match rings.start(|thread_name| SessionEventLoop {
+                thread_name,
+                filesystem: filesystem.clone(),
+                ch: ring_ch.clone(),
+                allowed,
+                session_owner,
+            }) {
+                Ok(rt) => Some(rt),
+                Err(e) => {
+                    // The kernel was told to fall back to /dev/fuse.
+                    error!("cannot start the FUSE io_uring threads: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -319,6 +351,10 @@ impl<FS: Filesystem> Session<FS> {
                     reply = Err(e);
                 }
             }
+        }
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = ring_threads {
+            rt.stop();
         }
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
@@ -468,6 +504,17 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_readahead,
                 config.max_write
             );
+
+            // compfs: FUSE over io_uring, if configured and offered.
+            #[cfg(target_os = "linux")]
+            {
+                self.uring = crate::uring::offer(
+                    &self.config.uring,
+                    init.capabilities(),
+                    &mut config,
+                    &self.ch,
+                )?;
+            }
 
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))

@@ -18,6 +18,9 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// compfs: FUSE over io_uring (Linux 6.14+), off by default.
+    #[cfg(target_os = "linux")]
+    pub uring: crate::uring::UringConfig,
 }
 
 /// Mount options accepted by the FUSE filesystem type
