@@ -465,6 +465,28 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // compfs: FUSE over io_uring, if configured and offered.
+            #[cfg(target_os = "linux")]
+            {
+                match crate::uring::offer(
+                    &self.config.uring,
+                    init.capabilities(),
+                    &mut config,
+                    &self.ch,
+                ) {
+                    Ok(rings) => self.uring = rings,
+                    Err(e) => {
+                        // Required but not possible: fail INIT, and so the mount.
+                        <ReplyRaw as Reply>::new(
+                            request.unique(),
+                            ReplySender::Channel(self.ch.sender()),
+                        )
+                        .send_ll(&ResponseErrno(ll::Errno::EPROTO));
+                        return Err(e);
+                    }
+                }
+            }
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -504,17 +526,6 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_readahead,
                 config.max_write
             );
-
-            // compfs: FUSE over io_uring, if configured and offered.
-            #[cfg(target_os = "linux")]
-            {
-                self.uring = crate::uring::offer(
-                    &self.config.uring,
-                    init.capabilities(),
-                    &mut config,
-                    &self.ch,
-                )?;
-            }
 
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
