@@ -310,7 +310,7 @@ impl Ctx {
             m.unmount()?;
             std::fs::remove_dir_all(&src)?;
             Ok(r)
-        } else if fs == "compfs" {
+        } else if fs == "compfs" || fs == "compfs-uring" {
             let store = self.fresh_store(128 << 10)?;
             let m = CompfsMount::new(&store, &mnt, opts)?;
             let r = f(&mnt)?;
@@ -341,7 +341,15 @@ impl Ctx {
             full_sync(mnt)?;
             Ok(t.elapsed().as_secs_f64())
         };
-        let secs = self.on_fresh_fs(fs, "compress=zstd:3", run_it)?;
+        // The compfs rows name their FUSE transport: `/dev/fuse` (`nouring`), or FUSE over
+        // io_uring (`uring`: per-CPU queues; as root this switches the kernel's
+        // `enable_uring` on).
+        let opts = match fs {
+            "compfs" => "compress=zstd:3,nouring",
+            "compfs-uring" => "compress=zstd:3,uring",
+            _ => "compress=zstd:3",
+        };
+        let secs = self.on_fresh_fs(fs, opts, run_it)?;
         Ok(Row {
             fs: fs.into(),
             workload: "untar".into(),
@@ -384,7 +392,8 @@ impl Ctx {
     }
 }
 
-/// The method of an untar row: compfs and btrfs compress with zstd:3, bindfs passes through.
+/// The method of an untar row: compfs (both transports) and btrfs compress with zstd:3, bindfs
+/// passes through.
 fn untar_method(fs: &str) -> &'static str {
     if fs == "bindfs" {
         "none"
@@ -474,6 +483,24 @@ fn print_table(rows: &[Row]) {
         }
     }
     println!("(wr/rd = MB/s, or IOPS for fio; x = compression ratio; RSS = compfs daemon peak MiB; c/b = compfs / btrfs)");
+    for u in rows.iter().filter(|r| r.fs == "compfs-uring") {
+        let c = find("compfs", &u.workload, "zstd:3");
+        let b = find("btrfs", &u.workload, "zstd:3");
+        println!(
+            "compfs over FUSE io_uring (-o uring) {}: {:.2} s{}{}; {}",
+            u.workload,
+            u.write_secs,
+            c.map_or(String::new(), |c| format!(
+                ", {} the /dev/fuse time",
+                fmt_ratio(u.write_secs, c.write_secs)
+            )),
+            b.map_or(String::new(), |b| format!(
+                ", {} btrfs's",
+                fmt_ratio(u.write_secs, b.write_secs)
+            )),
+            u.note
+        );
+    }
     for b in rows.iter().filter(|r| r.fs == "bindfs") {
         let c = find("compfs", &b.workload, "zstd:3");
         println!(
@@ -547,7 +574,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
     let record = |r: Result<Row>, fs: &str, w: &str, m: &str, rows: &mut Vec<Row>| match r {
         Ok(r) => {
             eprintln!(
-                "  {fs:<6} {w:<16} {m:<8} write {:>7.1} MB/s  read {:>7.1} MB/s  ratio {:.2}{}",
+                "  {fs:<12} {w:<16} {m:<8} write {:>7.1} MB/s  read {:>7.1} MB/s  ratio {:.2}{}",
                 r.write_mbs,
                 r.read_mbs,
                 r.ratio,
@@ -635,12 +662,19 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
         let tar_bytes = std::fs::metadata(&tarball)?.len();
         // bindfs, a FUSE passthrough to the work directory's file system that does no work,
         // is the FUSE floor: what any FUSE file system pays in round trips on this machine.
-        let untar_fs = ["compfs", "btrfs", "bindfs"];
-        let mut runs: [Vec<Row>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-        let mut failed: [Option<crate::Error>; 3] = [None, None, None];
+        // compfs-uring: the same over FUSE over io_uring, where the kernel has it (Linux
+        // 6.14+) and root may switch it on.
+        let untar_fs = ["compfs", "compfs-uring", "btrfs", "bindfs"];
+        let skip = |fs: &str| {
+            (fs == "btrfs" && !ctx.vs_btrfs)
+                || (fs == "compfs-uring"
+                    && !(is_root() && compfs_fs::mount::kernel_uring_enabled().is_some()))
+        };
+        let mut runs: [Vec<Row>; 4] = Default::default();
+        let mut failed: [Option<crate::Error>; 4] = Default::default();
         for _ in 0..a.untar_runs.max(1) {
             for (i, fs) in untar_fs.into_iter().enumerate() {
-                if (fs == "btrfs" && !ctx.vs_btrfs) || failed[i].is_some() {
+                if skip(fs) || failed[i].is_some() {
                     continue;
                 }
                 match ctx.untar(fs, &tarball, tar_bytes) {
@@ -650,7 +684,7 @@ fn bench(a: &Args, work: &Path) -> Result<()> {
             }
         }
         for (i, fs) in untar_fs.into_iter().enumerate() {
-            if fs == "btrfs" && !ctx.vs_btrfs {
+            if skip(fs) {
                 continue;
             }
             let r = match failed[i].take() {

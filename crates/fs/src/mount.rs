@@ -11,7 +11,7 @@ use compfs_store::{OpenOptions, Store};
 use fuser::{Config, MountOption, Session, SessionACL};
 
 use crate::adapter::CompFs;
-use crate::options::{KernelFlag, MountOptions};
+use crate::options::{KernelFlag, MountOptions, UringOption};
 
 /// Why a mount failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +24,12 @@ pub enum MountError {
     },
     #[error("mount point {}: {detail}", path.display())]
     MountPoint { path: PathBuf, detail: String },
+    #[error("FUSE mount on {} with option `uring` failed: {source}", path.display())]
+    Uring {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("FUSE mount on {} failed: {source} (is /dev/fuse present and fusermount3 installed? scripts/deps.sh installs fuse3)", path.display())]
     Fuse {
         path: PathBuf,
@@ -133,7 +139,47 @@ pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
     };
     cfg.n_threads = Some(o.fuse_threads);
     cfg.clone_fd = true;
+    cfg.uring = fuser::UringConfig {
+        mode: match o.uring {
+            UringOption::Auto => fuser::UringMode::Auto,
+            UringOption::On => fuser::UringMode::Required,
+            UringOption::Off => fuser::UringMode::Off,
+        },
+        queue_depth: o.uring_depth,
+    };
     cfg
+}
+
+/// The FUSE module parameter that lets connections use io_uring (Linux 6.14+). The kernel
+/// offers `FUSE_OVER_IO_URING` in INIT only while it is `Y`; it is read at mount time.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the kernel offers FUSE over io_uring to new mounts: `Some(true)`/`Some(false)` from
+/// [`ENABLE_URING`], `None` when the kernel has no such parameter.
+pub fn kernel_uring_enabled() -> Option<bool> {
+    std::fs::read_to_string(ENABLE_URING)
+        .ok()
+        .map(|v| v.trim() == "Y")
+}
+
+/// Mount option `uring` (the ring or no mount): when run by root and the module parameter is
+/// off, switches it on, with a log line, since the user asked for the ring by name. The
+/// parameter is global (every FUSE mount made afterwards is offered the ring, and each daemon
+/// decides for itself), so `uring=auto`, the default, never changes it.
+fn enable_uring_if_asked(o: &MountOptions) {
+    if o.uring != UringOption::On || kernel_uring_enabled() != Some(false) {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    match std::fs::write(ENABLE_URING, "Y\n") {
+        Ok(()) => tracing::warn!(
+            "mount option `uring`: set {ENABLE_URING} to Y (it was N); the kernel now offers \
+             FUSE over io_uring to every new FUSE mount"
+        ),
+        Err(e) => tracing::warn!("mount option `uring`: cannot set {ENABLE_URING}: {e}"),
+    }
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and in every thread it starts later;
@@ -227,9 +273,14 @@ pub fn serve(
         .with_atime(o.atime)
         .with_acl(o.acl);
     let cfg = fuse_config(store_dir, o);
-    let mut session = Session::new(fs, mountpoint, &cfg).map_err(|source| MountError::Fuse {
-        path: mountpoint.to_path_buf(),
-        source,
+    enable_uring_if_asked(o);
+    let mut session = Session::new(fs, mountpoint, &cfg).map_err(|source| {
+        let path = mountpoint.to_path_buf();
+        if o.uring == UringOption::On && source.kind() == io::ErrorKind::Unsupported {
+            MountError::Uring { path, source }
+        } else {
+            MountError::Fuse { path, source }
+        }
     })?;
     let mut unmounter = session.unmount_callable();
     let mp = mountpoint.to_path_buf();

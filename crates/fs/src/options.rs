@@ -32,6 +32,9 @@ pub fn default_fuse_threads() -> usize {
         .clamp(1, 4)
 }
 
+/// Default ring entries per CPU (`uring_depth=N`).
+pub const DEFAULT_URING_DEPTH: u16 = 2;
+
 /// Everything `-o` can say about one mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountOptions {
@@ -77,8 +80,29 @@ pub struct MountOptions {
     /// written together are compressed together into packed extents of up to SIZE bytes
     /// (see docs/format.md, "Packed extents"); 0 = off.
     pub pack: u32,
+    /// `uring` / `nouring` / `uring=auto` (default): the FUSE transport ([`UringOption`]).
+    pub uring: UringOption,
+    /// `uring_depth=N` (1 to 64, default 2): ring entries per CPU, i.e. requests from one CPU
+    /// that the daemon can hold at once.
+    pub uring_depth: u16,
     /// Level adjustments made while parsing `compress=` (printed as warnings).
     pub warnings: Vec<String>,
+}
+
+/// How requests reach the daemon: FUSE over io_uring (Linux 6.14+; one queue per CPU, served
+/// by a daemon thread pinned to that CPU, so a request is answered on the CPU that made it) or
+/// the classic `/dev/fuse` reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UringOption {
+    /// `uring=auto` (default): the ring when the kernel offers it, i.e. when root has set
+    /// `/sys/module/fuse/parameters/enable_uring` to `Y`; `/dev/fuse` otherwise.
+    #[default]
+    Auto,
+    /// `uring`: the ring or no mount. Run by root, the daemon sets `enable_uring` to `Y` first
+    /// if it is not (logging it): the user asked for it by name.
+    On,
+    /// `nouring`: `/dev/fuse` only.
+    Off,
 }
 
 /// Generic VFS mount flags that FUSE honours.
@@ -117,6 +141,8 @@ impl Default for MountOptions {
             dict: true,
             pack_dict: true,
             pack: compfs_store::DEFAULT_PACK,
+            uring: UringOption::Auto,
+            uring_depth: DEFAULT_URING_DEPTH,
             warnings: Vec::new(),
         }
     }
@@ -181,7 +207,8 @@ pub const VALID_OPTIONS: &str =
 background_compression=ALG[:LEVEL], background_delay=SECS, \
 ro, rw, allow_other, allow_root, cache=SIZE, readahead=SIZE, threads=N, fuse_threads=N, \
 nodev, nosuid, noexec, relatime, strictatime, noatime, nodiratime, dirsync, sync, acl, noacl, \
-worth_it=bytes, worth_it=sector, dict=on, dict=off, dict=nopack, pack=on, pack=off, pack=SIZE";
+worth_it=bytes, worth_it=sector, dict=on, dict=off, dict=nopack, pack=on, pack=off, pack=SIZE, \
+uring, nouring, uring=auto, uring_depth=N";
 
 impl MountOptions {
     /// Parses one or more comma-separated option strings (each `-o` argument), left to right;
@@ -326,6 +353,26 @@ impl MountOptions {
                     expected: "dict=on, dict=off or dict=nopack",
                 })
             }
+            ("uring", None | Some("on")) => self.uring = UringOption::On,
+            ("nouring", None) | ("uring", Some("off")) => self.uring = UringOption::Off,
+            ("uring", Some("auto")) => self.uring = UringOption::Auto,
+            ("uring", Some(_)) => {
+                return Err(OptionError::BadValue {
+                    option: opt.to_string(),
+                    expected: "uring, nouring or uring=auto",
+                })
+            }
+            ("uring_depth", Some(v)) => {
+                self.uring_depth = v
+                    .trim()
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| OptionError::BadValue {
+                        option: opt.to_string(),
+                        expected: "a count from 1 to 64 such as uring_depth=2",
+                    })?;
+            }
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
             // As ext4: the kernel gets SB_LAZYTIME (see docs/kernel-features.md).
@@ -353,7 +400,8 @@ impl MountOptions {
                 | "threads"
                 | "fuse_threads"
                 | "background_compression"
-                | "background_delay",
+                | "background_delay"
+                | "uring_depth",
                 None,
             ) => {
                 return Err(OptionError::BadValue {
@@ -363,6 +411,7 @@ impl MountOptions {
                         "background_compression" => "background_compression=ALG[:LEVEL]",
                         "background_delay" => "background_delay=SECS",
                         "threads" | "fuse_threads" => "a count such as threads=2",
+                        "uring_depth" => "a count such as uring_depth=2",
                         _ => "no value",
                     },
                 })
@@ -409,6 +458,14 @@ impl MountOptions {
             parts.push("pack=off".into());
         } else if self.pack != compfs_store::DEFAULT_PACK {
             parts.push(format!("pack={}K", self.pack >> 10));
+        }
+        match self.uring {
+            UringOption::Auto => {}
+            UringOption::On => parts.push("uring".into()),
+            UringOption::Off => parts.push("nouring".into()),
+        }
+        if self.uring_depth != DEFAULT_URING_DEPTH {
+            parts.push(format!("uring_depth={}", self.uring_depth));
         }
         parts.join(",")
     }
@@ -468,6 +525,37 @@ mod tests {
         // zlib without a level means zlib:3, zstd means zstd:3, as in btrfs.
         assert_eq!(parse("compress=zlib").unwrap().policy.unwrap().0.level(), 3);
         assert_eq!(parse("compress=zstd").unwrap().policy.unwrap().0.level(), 3);
+    }
+
+    #[test]
+    fn uring_options() {
+        let o = parse("").unwrap();
+        assert_eq!(
+            (o.uring, o.uring_depth),
+            (UringOption::Auto, DEFAULT_URING_DEPTH)
+        );
+        assert!(!o.describe().contains("uring"));
+        assert_eq!(parse("uring").unwrap().uring, UringOption::On);
+        assert_eq!(parse("uring=on").unwrap().uring, UringOption::On);
+        assert_eq!(parse("uring,nouring").unwrap().uring, UringOption::Off);
+        assert_eq!(parse("uring=off").unwrap().uring, UringOption::Off);
+        assert_eq!(
+            parse("nouring,uring=auto").unwrap().uring,
+            UringOption::Auto
+        );
+        let o = parse("uring,uring_depth=4").unwrap();
+        assert_eq!(o.uring_depth, 4);
+        assert!(o.describe().contains("uring,uring_depth=4"));
+        assert!(parse("nouring").unwrap().describe().contains("nouring"));
+        for bad in [
+            "uring=yes",
+            "uring_depth",
+            "uring_depth=0",
+            "uring_depth=65",
+            "nouring=1",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub fn virtual_xattr(store: &Store, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Er
         }
         Ok(report_from_usage(&store.usage(&[ino])?).to_record())
     } else if name == STATS_XATTR.as_bytes() && ino == ROOT_INO {
-        Ok(StatsRecord::from_stats(&store.stats()).encode())
+        let mut r = StatsRecord::from_stats(&store.stats());
+        r.add_transport(fuser::uring_stats());
+        Ok(r.encode())
     } else if name == REMOTE_XATTR.as_bytes() && ino == ROOT_INO {
         store
             .remote_status()
@@ -148,6 +150,20 @@ impl StatsRecord {
             put(&format!("store.{codec}.referenced"), c.referenced);
         }
         StatsRecord { values: v }
+    }
+
+    /// The FUSE transport's figures: `fuse.uring_queues` (queues registered with the kernel;
+    /// 0 when requests go through `/dev/fuse`) and `fuse.uring_requests` (requests served
+    /// through the rings), and `fuse.uring_requests.cpuN` per queue that served any.
+    pub fn add_transport(&mut self, u: fuser::UringStats) {
+        self.values.insert("fuse.uring_queues".into(), u.queues);
+        self.values.insert("fuse.uring_requests".into(), u.requests);
+        for (cpu, n) in u.per_queue.iter().enumerate() {
+            if *n > 0 {
+                self.values
+                    .insert(format!("fuse.uring_requests.cpu{cpu}"), *n);
+            }
+        }
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -265,6 +281,16 @@ impl StatsRecord {
             mb(self.get("background.bytes_saved")),
             self.get("background.passes")
         );
+        let queues = self.get("fuse.uring_queues");
+        if queues > 0 {
+            let _ = writeln!(
+                out,
+                "FUSE transport           io_uring, {queues} queues, {} requests",
+                self.get("fuse.uring_requests")
+            );
+        } else if self.values.contains_key("fuse.uring_queues") {
+            let _ = writeln!(out, "FUSE transport           /dev/fuse");
+        }
         if self.get("read_only") != 0 {
             let _ = writeln!(
                 out,

@@ -1,0 +1,294 @@
+//! FUSE over io_uring (`-o uring`): requests made on every CPU are served through the per-CPU
+//! rings (the daemon's counters in `compfs.stats` say so, queue by queue), every byte written
+//! reads back, and the daemon comes down cleanly on unmount and when the connection is aborted
+//! with requests in flight. The kernel of the CI machine has the ring (6.14+): if it refuses,
+//! these tests fail rather than skip.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod fs_common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use compfs_store::Mode;
+use fs_common::*;
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The daemon's `compfs.stats` figures.
+fn stats(mnt: &Path) -> BTreeMap<String, u64> {
+    let v = xattr::get(mnt, "compfs.stats")
+        .unwrap()
+        .expect("compfs.stats");
+    let text = String::from_utf8(v).unwrap();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (k, n) = l.split_once(' ')?;
+            Some((k.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// CPUs in a sysfs list such as `0-3,6`.
+fn cpu_list(path: &str) -> Vec<usize> {
+    let s = fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    for part in s.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        out.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    out
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: plain data; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(libc::sched_getcpu(), cpu as i32);
+    }
+}
+
+/// Deterministic contents of file `i` of worker `w`: sizes from 0 to past 1 MiB (the largest
+/// request payload), so that small, page-sized and multi-request writes and reads all occur.
+fn contents(w: usize, i: usize) -> Vec<u8> {
+    let len = match i % 6 {
+        0 => 0,
+        1 => 1 + i * 7,
+        2 => 4096,
+        3 => 70_000 + i,
+        4 => (1 << 20) + 3 * i + 1,
+        _ => 3000 + i * 31,
+    };
+    let mut x = (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i as u64;
+    (0..len)
+        .map(|k| {
+            if k % 64 == 0 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+            }
+            // Half compressible, half not.
+            if (k / 4096) % 2 == 0 {
+                (k % 251) as u8
+            } else {
+                (x >> (k % 8 * 8)) as u8
+            }
+        })
+        .collect()
+}
+
+const FILES: usize = 36;
+
+/// One worker pinned to `cpu`: creates, writes, reads back, renames, unlinks and lists files in
+/// its own directory, checking every byte and every listing.
+fn worker(root: PathBuf, w: usize, cpu: usize) {
+    pin_to(cpu);
+    let dir = root.join(format!("w{w}"));
+    fs::create_dir(&dir).unwrap();
+    for i in 0..FILES {
+        let data = contents(w, i);
+        let tmp = dir.join(format!(".tmp{i}"));
+        let mut f = fs::File::create(&tmp).unwrap();
+        // Several write calls per file.
+        for chunk in data.chunks(50_000) {
+            f.write_all(chunk).unwrap();
+        }
+        drop(f);
+        assert_eq!(fs::read(&tmp).unwrap(), data, "{}", tmp.display());
+        fs::rename(&tmp, dir.join(format!("f{i}"))).unwrap();
+    }
+    for i in (0..FILES).filter(|i| i % 4 == 1) {
+        fs::remove_file(dir.join(format!("f{i}"))).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (0..FILES)
+        .filter(|i| i % 4 != 1)
+        .map(|i| format!("f{i}"))
+        .collect();
+    want.sort();
+    assert_eq!(names, want, "listing of {}", dir.display());
+    verify(&dir, w);
+}
+
+fn verify(dir: &Path, w: usize) {
+    for i in (0..FILES).filter(|i| i % 4 != 1) {
+        let p = dir.join(format!("f{i}"));
+        let got = fs::read(&p).unwrap();
+        let want = contents(w, i);
+        assert_eq!(got.len(), want.len(), "{}", p.display());
+        assert!(got == want, "{}: contents differ", p.display());
+        assert_eq!(fs::metadata(&p).unwrap().len(), want.len() as u64);
+    }
+}
+
+/// The kernel must offer FUSE over io_uring here (Linux 6.14+, built with
+/// CONFIG_FUSE_IO_URING): the test fails, not skips, when it does not.
+fn require_kernel_ring() {
+    assert!(
+        Path::new(ENABLE_URING).exists(),
+        "{ENABLE_URING} is missing: this kernel has no FUSE over io_uring"
+    );
+}
+
+#[test]
+fn ring_serves_every_cpu_and_every_byte_reads_back() {
+    require_fuse!();
+    require_kernel_ring();
+    let t = TempDir::new("uring");
+    let store = t.path().join("store");
+    mkstore(&store, "zstd:3", Mode::Heuristic, 128 << 10);
+    let mnt = t.path().join("mnt");
+    // `uring` as root switches the module parameter on if it is off.
+    let m = Mount::new(&store, &mnt, "uring");
+    assert_eq!(fs::read_to_string(ENABLE_URING).unwrap().trim(), "Y");
+    let possible = cpu_list("/sys/devices/system/cpu/possible");
+    let online = cpu_list("/sys/devices/system/cpu/online");
+    let before = stats(&m.mnt);
+    assert_eq!(
+        before["fuse.uring_queues"],
+        possible.len() as u64,
+        "one registered queue per possible CPU: {before:?}"
+    );
+    let root = m.path("work");
+    fs::create_dir(&root).unwrap();
+    // Two workers per online CPU, each pinned.
+    let workers: Vec<_> = online
+        .iter()
+        .chain(online.iter())
+        .enumerate()
+        .map(|(w, &cpu)| {
+            let root = root.clone();
+            std::thread::spawn(move || worker(root, w, cpu))
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let after = stats(&m.mnt);
+    let served = after["fuse.uring_requests"] - before["fuse.uring_requests"];
+    // Each worker made well over 100 requests (creates, writes, reads, renames, unlinks).
+    assert!(
+        served > 100 * 2 * online.len() as u64,
+        "only {served} requests went through the rings: {after:?}"
+    );
+    for cpu in &online {
+        let k = format!("fuse.uring_requests.cpu{cpu}");
+        assert!(
+            after.get(&k).copied().unwrap_or(0) > 100,
+            "queue of CPU {cpu} served too little: {after:?}"
+        );
+    }
+    let status = m.unmount();
+    assert!(status.success(), "daemon exit: {status:?}");
+    // Everything is in the store: read it back through /dev/fuse.
+    let m = Mount::new(&store, &mnt, "nouring");
+    let st = stats(&m.mnt);
+    assert_eq!(st["fuse.uring_queues"], 0, "{st:?}");
+    assert_eq!(st["fuse.uring_requests"], 0, "{st:?}");
+    for w in 0..2 * online.len() {
+        verify(&m.path(&format!("work/w{w}")), w);
+    }
+    assert!(m.unmount().success());
+}
+
+/// `/sys/fs/fuse/connections/N/abort` of the mount at `mnt`.
+fn abort_file(mnt: &Path) -> PathBuf {
+    let conns = Path::new("/sys/fs/fuse/connections");
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    if !info.lines().any(|l| l.contains(" - fusectl ")) {
+        let st = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(conns)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount fusectl");
+    }
+    let dev = fs::metadata(mnt).unwrap().dev();
+    let minor = libc::minor(dev);
+    conns.join(minor.to_string()).join("abort")
+}
+
+#[test]
+fn abort_with_requests_in_flight_ends_the_daemon_cleanly() {
+    require_fuse!();
+    require_kernel_ring();
+    let t = TempDir::new("uring-abort");
+    let store = t.path().join("store");
+    mkstore(&store, "zstd:3", Mode::Heuristic, 128 << 10);
+    let mnt = t.path().join("mnt");
+    let mut m = Mount::new(&store, &mnt, "uring,uring_depth=1");
+    let abort = abort_file(&m.mnt);
+    let root = m.path("busy");
+    fs::create_dir(&root).unwrap();
+    // Writers and listers on every CPU, running until the connection goes away.
+    let mut procs = Vec::new();
+    for cpu in cpu_list("/sys/devices/system/cpu/online") {
+        for job in ["write", "list"] {
+            let script = match job {
+                "write" => format!(
+                    "i=0; while :; do head -c 300000 /dev/urandom > '{r}/c{cpu}-$i' || exit 0; \
+                     cat '{r}/c{cpu}-$i' > /dev/null || exit 0; i=$((i+1)); done",
+                    r = root.display()
+                ),
+                _ => format!(
+                    "while :; do ls -l '{r}' > /dev/null || exit 0; done",
+                    r = root.display()
+                ),
+            };
+            procs.push(
+                Command::new("taskset")
+                    .args(["-c", &cpu.to_string(), "sh", "-c", &script])
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+    }
+    // Until requests are flowing through the rings.
+    let start = Instant::now();
+    while stats(&m.mnt)["fuse.uring_requests"] < 200 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no ring traffic");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fs::write(&abort, "1").unwrap();
+    // The daemon ends by itself: every ring entry is completed with an error, the /dev/fuse
+    // readers see ENODEV, the store is closed.
+    let mut child = m.child.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the daemon did not end after the connection was aborted");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "daemon exit after abort: {status:?}");
+    for mut p in procs {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    // The store opens again.
+    let m = Mount::new(&store, &mnt, "uring");
+    assert!(m.path("busy").is_dir());
+    assert!(m.unmount().success());
+}
