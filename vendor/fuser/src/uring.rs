@@ -347,14 +347,34 @@ impl Rings {
         self,
         make_loop: impl Fn(String) -> SessionEventLoop<FS>,
     ) -> io::Result<RingThreads> {
-        let mut threads = Vec::with_capacity(self.queues.len());
+        let mut threads = Vec::with_capacity(2 * self.queues.len());
+        // READs are served by a shared pool, one thread per queue, so that the reads a
+        // sequential reader's readahead puts on its CPU's queue are decompressed on every
+        // core, not one after the other by that queue's ring thread (see `ReadJob`).
+        let (read_tx, read_rx) = std::sync::mpsc::channel::<ReadJob>();
+        let read_rx = Arc::new(Mutex::new(read_rx));
+        let mut helpers = Vec::with_capacity(self.queues.len());
+        for i in 0..self.queues.len() {
+            let name = format!("fuser-ring-read-{i}");
+            let se = make_loop(name.clone());
+            let rx = read_rx.clone();
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || serve_reads(&rx, &se))
+            {
+                Ok(t) => helpers.push(t),
+                Err(e) => warn!("FUSE ring: no read helper thread ({e}); reads served inline"),
+            }
+        }
+        let reads = (!helpers.is_empty()).then_some(read_tx);
         for q in &self.queues {
             let name = format!("fuser-ring-{}", q.qid);
             let se = make_loop(name.clone());
             let q2 = q.clone();
+            let q_reads = reads.clone();
             let spawned = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || q2.serve(&se));
+                .spawn(move || q2.serve(&se, q_reads));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -365,11 +385,19 @@ impl Rings {
                         queues: self.queues.clone(),
                         threads,
                     };
+                    drop(reads);
                     rt.stop();
+                    for h in helpers {
+                        let _ = h.join();
+                    }
                     return Err(e);
                 }
             }
         }
+        // The helpers end once every ring thread ended (the last sender is gone): joined
+        // after them.
+        drop(reads);
+        threads.extend(helpers);
         Ok(RingThreads {
             queues: self.queues,
             threads,
@@ -506,7 +534,11 @@ impl Queue {
 
     /// The ring thread: registers the entries, then serves their requests until every entry
     /// has been ended by the kernel (unmount) or the session stops the thread.
-    fn serve<FS: Filesystem>(self: &Arc<Self>, se: &SessionEventLoop<FS>) {
+    fn serve<FS: Filesystem>(
+        self: &Arc<Self>,
+        se: &SessionEventLoop<FS>,
+        reads: Option<std::sync::mpsc::Sender<ReadJob>>,
+    ) {
         RING_THREAD_QID.with(|c| c.set(Some(self.qid)));
         if let Err(e) = pin_to(self.qid) {
             // An offline CPU: its queue still needs entries, served from wherever.
@@ -566,7 +598,7 @@ impl Queue {
                     if let Some(n) = QUEUE_REQUESTS.get(usize::from(self.qid)) {
                         n.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.handle(idx, &mut buf, se);
+                    self.handle(idx, &mut buf, se, reads.as_ref());
                     continue;
                 }
                 match -res {
@@ -601,6 +633,7 @@ impl Queue {
         idx: usize,
         buf: &mut RequestBuf,
         se: &SessionEventLoop<FS>,
+        reads: Option<&std::sync::mpsc::Sender<ReadJob>>,
     ) {
         let e = &self.entries[idx];
         let hp = e.header.ptr.as_ptr().cast::<ReqHeader>();
@@ -654,16 +687,75 @@ impl Queue {
                 payload_sz,
             );
         }
-        match RequestWithSender::new_ring(se.ch.sender(), &data[..len], reply.clone()) {
-            Some(req) => {
-                if let Ok(ll::Operation::Destroy(_)) = req.request.operation() {
-                    req.reply::<crate::ReplyEmpty>().ok();
-                } else {
-                    req.dispatch(se);
+        let opcode = u32::from_ne_bytes([in_h[4], in_h[5], in_h[6], in_h[7]]);
+        if opcode == FUSE_READ {
+            if let Some(tx) = reads {
+                let mut owned = RequestBuf::new(len);
+                owned.as_mut(len).copy_from_slice(&data[..len]);
+                let job = ReadJob {
+                    buf: owned,
+                    len,
+                    reply: reply.clone(),
+                };
+                match tx.send(job) {
+                    Ok(()) => return,
+                    // No helper left (they end only after the ring threads): served here.
+                    Err(std::sync::mpsc::SendError(job)) => {
+                        let ReadJob { mut buf, len, reply } = job;
+                        return dispatch_ring(se, buf.as_mut(len), reply, unique);
+                    }
                 }
             }
-            None => reply.send_error(unique, libc::EIO),
         }
+        dispatch_ring(se, &data[..len], reply, unique);
+    }
+}
+
+/// `FUSE_READ`'s opcode (include/uapi/linux/fuse.h).
+const FUSE_READ: u32 = 15;
+
+/// A READ handed by a ring thread to the read helpers: the request rebuilt in the `/dev/fuse`
+/// layout, and the reply sender of its ring entry (a reply from another thread commits the
+/// entry through the queue's submission lock).
+struct ReadJob {
+    buf: RequestBuf,
+    len: usize,
+    reply: RingReply,
+}
+
+/// A read helper: serves READs from the shared queue until every ring thread has ended.
+fn serve_reads<FS: Filesystem>(rx: &Mutex<std::sync::mpsc::Receiver<ReadJob>>, se: &SessionEventLoop<FS>) {
+    loop {
+        let job = {
+            rx.lock().recv()
+        };
+        let Ok(ReadJob { mut buf, len, reply }) = job else {
+            return;
+        };
+        let data = buf.as_mut(len);
+        let unique = u64::from_ne_bytes([
+            data[8], data[9], data[10], data[11], data[12], data[13], data[14], data[15],
+        ]);
+        dispatch_ring(se, data, reply, unique);
+    }
+}
+
+/// Parses and dispatches one ring request (`data`, the `/dev/fuse` layout) to the filesystem.
+fn dispatch_ring<FS: Filesystem>(
+    se: &SessionEventLoop<FS>,
+    data: &[u8],
+    reply: RingReply,
+    unique: u64,
+) {
+    match RequestWithSender::new_ring(se.ch.sender(), data, reply.clone()) {
+        Some(req) => {
+            if let Ok(ll::Operation::Destroy(_)) = req.request.operation() {
+                req.reply::<crate::ReplyEmpty>().ok();
+            } else {
+                req.dispatch(se);
+            }
+        }
+        None => reply.send_error(unique, libc::EIO),
     }
 }
 
