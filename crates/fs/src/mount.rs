@@ -165,7 +165,7 @@ pub fn kernel_uring_enabled() -> Option<bool> {
 /// Mount option `uring` (the ring or no mount): when run by root and the module parameter is
 /// off, switches it on, with a log line, since the user asked for the ring by name. The
 /// parameter is global (every FUSE mount made afterwards is offered the ring, and each daemon
-/// decides for itself), so `uring=auto`, the default, never changes it.
+/// decides for itself), so `uring=auto` never changes it.
 fn enable_uring_if_asked(o: &MountOptions) {
     if o.uring != UringOption::On || kernel_uring_enabled() != Some(false) {
         return;
