@@ -366,15 +366,9 @@ impl MountOptions {
                 })
             }
             ("uring_depth", Some(v)) => {
-                self.uring_depth = v
-                    .trim()
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|n| (1..=64).contains(n))
-                    .ok_or_else(|| OptionError::BadValue {
-                        option: opt.to_string(),
-                        expected: "a count from 1 to 64 such as uring_depth=2",
-                    })?;
+                let n = parse_count_upto(opt, v, 64, "a count from 1 to 64 such as uring_depth=2")?;
+                // At most 64: fits.
+                self.uring_depth = n as u16;
             }
             ("dirsync", None) => self.flags.push(KernelFlag::DirSync),
             ("sync", None) => self.flags.push(KernelFlag::Sync),
@@ -479,11 +473,21 @@ fn describe_adjustment(adj: &LevelAdjustment) -> String {
 }
 
 fn parse_count(opt: &str, v: &str) -> Result<usize, OptionError> {
+    parse_count_upto(opt, v, 256, "a count from 1 to 256")
+}
+
+/// A count from 1 to `max`; `expected` names the accepted values in the error.
+fn parse_count_upto(
+    opt: &str,
+    v: &str,
+    max: usize,
+    expected: &'static str,
+) -> Result<usize, OptionError> {
     match v.trim().parse::<usize>() {
-        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(OptionError::BadValue {
             option: opt.to_string(),
-            expected: "a count from 1 to 256",
+            expected,
         }),
     }
 }
