@@ -683,12 +683,6 @@ impl ObjectBackend {
         self.shared.ahead_q.wait_idle(timeout)
     }
 
-    /// Stops the readahead (see [`readahead::AheadQueue::close`]) and waits at most `timeout`
-    /// for its GETs under way; whether they ended.
-    pub fn stop_readahead(&self, timeout: std::time::Duration) -> bool {
-        self.shared.ahead_q.close(timeout)
-    }
-
     /// Bytes appended and not yet uploaded.
     pub fn pending_bytes(&self) -> u64 {
         self.shared.pending_bytes.load(Ordering::Relaxed)
@@ -776,7 +770,7 @@ impl Backend for ObjectBackend {
     }
 
     fn stop_prefetch(&self) {
-        if !self.stop_readahead(READAHEAD_STOP) {
+        if !self.shared.ahead_q.close(READAHEAD_STOP) {
             tracing::warn!("compfs: readahead GETs still under way at close; not waiting longer");
         }
     }
