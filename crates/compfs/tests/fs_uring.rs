@@ -292,3 +292,60 @@ fn abort_with_requests_in_flight_ends_the_daemon_cleanly() {
     assert!(m.path("busy").is_dir());
     assert!(m.unmount().success());
 }
+
+/// A long request (a `compfs defrag` of a 48 MiB file, one SETXATTR) is handed by its CPU's
+/// ring thread to a helper, so the requests made on that CPU meanwhile are served at once: the
+/// defrag tool's progress polls, made from the same CPU, see progress within the file.
+#[test]
+fn a_long_request_does_not_hold_up_its_cpus_queue() {
+    require_fuse!();
+    require_kernel_ring();
+    let t = TempDir::new("uring-long");
+    let store = t.path().join("store");
+    mkstore(&store, "zstd:1", Mode::Force, 128 << 10);
+    let m = Mount::new(&store, &t.path().join("mnt"), "uring,uring_depth=2");
+    let data = text_bytes(48 << 20, 5);
+    fs::write(m.path("big"), &data).unwrap();
+    let before = stats(&m.mnt);
+    // Everything below, the defrag's thread included (it inherits the mask), runs on one CPU:
+    // its requests all go to that CPU's queue.
+    let cpu = cpu_list("/sys/devices/system/cpu/online")[0];
+    let seen = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(cpu);
+            let plan = compfs_fs::defrag_run::plan(&[m.path("big")], false).unwrap();
+            let target = compfs_store::DefragTarget {
+                spec: Some(compfs_store::CodecSpec::parse("zstd:9").unwrap().spec),
+                level: None,
+                force: true,
+                extent_size: None,
+            };
+            let seen = std::sync::Mutex::new(Vec::new());
+            let total = compfs_fs::defrag_run::run(
+                plan,
+                &target,
+                &|r| seen.lock().unwrap().push(r.bytes_examined),
+                &mut |e| panic!("{e}"),
+            );
+            assert_eq!(total.bytes_examined, data.len() as u64);
+            seen.into_inner().unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(
+        seen.iter().any(|&b| b > 0 && b < data.len() as u64),
+        "no progress seen within the file while its defrag ran: {seen:?}"
+    );
+    let after = stats(&m.mnt);
+    assert!(
+        after["fuse.uring_requests"] > before["fuse.uring_requests"],
+        "the requests did not go through the ring: {after:?}"
+    );
+    assert!(
+        after["fuse.uring_handed_off"] > before["fuse.uring_handed_off"],
+        "the defrag request was not handed off: {after:?}"
+    );
+    assert!(fs::read(m.path("big")).unwrap() == data);
+    assert!(m.unmount().success());
+}

@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod defrag;
 pub mod defrag_run;
 pub mod error;
+pub mod hand_off;
 pub mod helper;
 pub mod mount;
 pub mod options;

@@ -146,6 +146,7 @@ pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
             UringOption::Off => fuser::UringMode::Off,
         },
         queue_depth: o.uring_depth,
+        hand_off: crate::hand_off::ring_hand_off,
     };
     cfg
 }
@@ -165,7 +166,7 @@ pub fn kernel_uring_enabled() -> Option<bool> {
 /// Mount option `uring` (the ring or no mount): when run by root and the module parameter is
 /// off, switches it on, with a log line, since the user asked for the ring by name. The
 /// parameter is global (every FUSE mount made afterwards is offered the ring, and each daemon
-/// decides for itself), so `uring=auto` never changes it.
+/// decides for itself), so `uring=auto`, the default, never changes it.
 fn enable_uring_if_asked(o: &MountOptions) {
     if o.uring != UringOption::On || kernel_uring_enabled() != Some(false) {
         return;

@@ -80,7 +80,7 @@ pub struct MountOptions {
     /// written together are compressed together into packed extents of up to SIZE bytes
     /// (see docs/format.md, "Packed extents"); 0 = off.
     pub pack: u32,
-    /// `uring` / `nouring` (default) / `uring=auto`: the FUSE transport ([`UringOption`]).
+    /// `uring` / `nouring` / `uring=auto` (default): the FUSE transport ([`UringOption`]).
     pub uring: UringOption,
     /// `uring_depth=N` (1 to 64, default 2): ring entries per CPU, i.e. requests from one CPU
     /// that the daemon can hold at once.
@@ -94,17 +94,16 @@ pub struct MountOptions {
 /// the classic `/dev/fuse` reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UringOption {
-    /// `uring=auto`: the ring when the kernel offers it, i.e. when root has set
+    /// `uring=auto` (default): the ring when the kernel offers it, i.e. when root has set
     /// `/sys/module/fuse/parameters/enable_uring` to `Y`; `/dev/fuse` otherwise.
+    #[default]
     Auto,
     /// `uring`: the ring or no mount. Run by root, the daemon sets `enable_uring` to `Y` first
     /// if it is not (logging it): the user asked for it by name.
     On,
-    /// `nouring` (default): `/dev/fuse` only. The ring is opt-in: one thread per CPU serves
-    /// that CPU's requests (READs apart) one after the other, so a long request (a defrag
-    /// request, an fsync of much data) holds up the requests made on its CPU until it ends,
-    /// where `/dev/fuse`'s other threads would take them.
-    #[default]
+    /// `nouring`: `/dev/fuse` only. (With the ring, requests that can take long are handed
+    /// to helper threads, [`crate::hand_off`], so that they do not hold up the other requests
+    /// of their CPU's queue.)
     Off,
 }
 
@@ -144,7 +143,7 @@ impl Default for MountOptions {
             dict: true,
             pack_dict: true,
             pack: compfs_store::DEFAULT_PACK,
-            uring: UringOption::Off,
+            uring: UringOption::Auto,
             uring_depth: DEFAULT_URING_DEPTH,
             warnings: Vec::new(),
         }
@@ -457,9 +456,9 @@ impl MountOptions {
             parts.push(format!("pack={}K", self.pack >> 10));
         }
         match self.uring {
-            UringOption::Auto => parts.push("uring=auto".into()),
+            UringOption::Auto => {}
             UringOption::On => parts.push("uring".into()),
-            UringOption::Off => {}
+            UringOption::Off => parts.push("nouring".into()),
         }
         if self.uring_depth != DEFAULT_URING_DEPTH {
             parts.push(format!("uring_depth={}", self.uring_depth));
@@ -539,7 +538,7 @@ mod tests {
         let o = parse("").unwrap();
         assert_eq!(
             (o.uring, o.uring_depth),
-            (UringOption::Off, DEFAULT_URING_DEPTH)
+            (UringOption::Auto, DEFAULT_URING_DEPTH)
         );
         assert!(!o.describe().contains("uring"));
         assert_eq!(parse("uring").unwrap().uring, UringOption::On);
@@ -553,11 +552,7 @@ mod tests {
         let o = parse("uring,uring_depth=4").unwrap();
         assert_eq!(o.uring_depth, 4);
         assert!(o.describe().contains("uring,uring_depth=4"));
-        assert!(!parse("nouring").unwrap().describe().contains("uring"));
-        assert!(parse("uring=auto")
-            .unwrap()
-            .describe()
-            .contains("uring=auto"));
+        assert!(parse("nouring").unwrap().describe().contains("nouring"));
         for bad in [
             "uring=yes",
             "uring_depth",

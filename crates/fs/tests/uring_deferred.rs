@@ -207,6 +207,7 @@ fn replies_from_other_threads_go_through_the_ring() {
     cfg.uring = UringConfig {
         mode: UringMode::Required,
         queue_depth: 2,
+        ..UringConfig::default()
     };
     let before = fuser::uring_stats().requests;
     let fs = Deferred {

@@ -85,7 +85,10 @@ pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
 #[cfg(target_os = "linux")]
-pub use crate::uring::{STATS_QUEUES, UringConfig, UringMode, UringStats, uring_stats};
+pub use crate::uring::{
+    FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, HandOff, STATS_QUEUES, UringConfig, UringMode,
+    UringStats, default_hand_off, uring_stats,
+};
 
 mod access_flags;
 mod bsd_file_flags;

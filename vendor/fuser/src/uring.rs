@@ -130,21 +130,52 @@ pub enum UringMode {
     Required,
 }
 
+/// Which ring requests a ring thread hands to the helper threads instead of serving them
+/// itself: called with the request's opcode and its arguments (the bytes after
+/// `fuse_in_header`: the operation's header, then names or data). A ring thread serves the
+/// requests of one CPU one after the other, so a request that may take long (a READ that
+/// decompresses, an FSYNC that waits for a disk or a network, a filesystem-specific long
+/// operation) holds up every other request of that CPU unless it is handed off; a hand-off
+/// costs a wake-up of another thread, which is what the ring saves, so cheap requests stay.
+pub type HandOff = fn(opcode: u32, args: &[u8]) -> bool;
+
+/// The default [`HandOff`]: READs (a sequential reader's readahead puts all its READs on one
+/// CPU's queue; served by that queue's thread alone they decompress on one core), FSYNC and
+/// FSYNCDIR (they wait for the storage).
+pub fn default_hand_off(opcode: u32, _args: &[u8]) -> bool {
+    matches!(opcode, FUSE_READ | FUSE_FSYNC | FUSE_FSYNCDIR)
+}
+
 /// FUSE-over-io_uring settings of a session ([`crate::Config::uring`]).
-#[derive(Debug, Clone, Copy, Eq, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct UringConfig {
     /// Whether to use it.
     pub mode: UringMode,
     /// Ring entries per queue (per CPU): how many requests from one CPU can be in the daemon
     /// at once. At least 1.
     pub queue_depth: u16,
+    /// Which requests go to the helper threads ([`default_hand_off`] unless set).
+    pub hand_off: HandOff,
 }
+
+// `Config` compares its fields; two configs are equal when they pick the same function
+// (compared by address, as `std::ptr::fn_addr_eq` does).
+impl PartialEq for UringConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.mode == other.mode
+            && self.queue_depth == other.queue_depth
+            && std::ptr::fn_addr_eq(self.hand_off, other.hand_off)
+    }
+}
+
+impl Eq for UringConfig {}
 
 impl Default for UringConfig {
     fn default() -> Self {
         UringConfig {
             mode: UringMode::Off,
             queue_depth: 2,
+            hand_off: default_hand_off,
         }
     }
 }
@@ -158,6 +189,8 @@ pub struct UringStats {
     pub requests: u64,
     /// Requests served per queue (= CPU), for the first [`STATS_QUEUES`] queues.
     pub per_queue: Vec<u64>,
+    /// Of `requests`, those a ring thread handed to the helper threads ([`HandOff`]).
+    pub handed_off: u64,
 }
 
 /// Queues counted separately in [`UringStats::per_queue`].
@@ -165,6 +198,7 @@ pub const STATS_QUEUES: usize = 64;
 
 static QUEUES_REGISTERED: AtomicU64 = AtomicU64::new(0);
 static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static HANDED_OFF: AtomicU64 = AtomicU64::new(0);
 static QUEUE_REQUESTS: [AtomicU64; STATS_QUEUES] = [const { AtomicU64::new(0) }; STATS_QUEUES];
 
 /// The FUSE-over-io_uring figures of this process (all its sessions together).
@@ -178,6 +212,7 @@ pub fn uring_stats() -> UringStats {
         queues: QUEUES_REGISTERED.load(Ordering::Relaxed),
         requests: RING_REQUESTS.load(Ordering::Relaxed),
         per_queue: per_queue[..used].to_vec(),
+        handed_off: HANDED_OFF.load(Ordering::Relaxed),
     }
 }
 
@@ -262,6 +297,7 @@ unsafe impl Sync for Queue {}
 #[derive(Debug)]
 pub(crate) struct Rings {
     queues: Vec<Arc<Queue>>,
+    hand_off: HandOff,
 }
 
 /// The CPUs the kernel makes queues for: `num_possible_cpus()`, from
@@ -299,7 +335,7 @@ fn payload_size(config: &KernelConfig) -> usize {
 }
 
 impl Rings {
-    fn new(ch: &Channel, depth: u16, payload: usize) -> io::Result<Rings> {
+    fn new(ch: &Channel, depth: u16, payload: usize, hand_off: HandOff) -> io::Result<Rings> {
         let nr = possible_cpus()?;
         let depth = depth.max(1);
         let mut queues = Vec::with_capacity(nr);
@@ -339,7 +375,7 @@ impl Rings {
                 stop: AtomicBool::new(false),
             }));
         }
-        Ok(Rings { queues })
+        Ok(Rings { queues, hand_off })
     }
 
     /// Starts one pinned thread per queue, serving requests through `se`'s filesystem.
@@ -347,26 +383,29 @@ impl Rings {
         self,
         make_loop: impl Fn(String) -> SessionEventLoop<FS>,
     ) -> io::Result<RingThreads> {
-        let mut threads = Vec::with_capacity(2 * self.queues.len());
-        // READs are served by a shared pool, one thread per queue, so that the reads a
-        // sequential reader's readahead puts on its CPU's queue are decompressed on every
-        // core, not one after the other by that queue's ring thread (see `ReadJob`).
-        let (read_tx, read_rx) = std::sync::mpsc::channel::<ReadJob>();
-        let read_rx = Arc::new(Mutex::new(read_rx));
-        let mut helpers = Vec::with_capacity(self.queues.len());
-        for i in 0..self.queues.len() {
-            let name = format!("fuser-ring-read-{i}");
+        let n_helpers = helper_count(self.queues.len());
+        let mut threads = Vec::with_capacity(self.queues.len() + n_helpers);
+        // The requests `hand_off` picks are served by a shared pool of helpers, so that the
+        // reads a sequential reader's readahead puts on its CPU's queue are decompressed on
+        // every core, and a long request does not hold up the other requests of its CPU
+        // (see `HelperJob`).
+        let (help_tx, help_rx) = std::sync::mpsc::channel::<HelperJob>();
+        let help_rx = Arc::new(Mutex::new(help_rx));
+        let mut helpers = Vec::with_capacity(n_helpers);
+        for i in 0..n_helpers {
+            let name = format!("fuser-ring-help-{i}");
             let se = make_loop(name.clone());
-            let rx = read_rx.clone();
+            let rx = help_rx.clone();
             match std::thread::Builder::new()
                 .name(name)
-                .spawn(move || serve_reads(&rx, &se))
+                .spawn(move || serve_helper(&rx, &se))
             {
                 Ok(t) => helpers.push(t),
-                Err(e) => warn!("FUSE ring: no read helper thread ({e}); reads served inline"),
+                Err(e) => warn!("FUSE ring: no helper thread ({e}); requests served inline"),
             }
         }
-        let reads = (!helpers.is_empty()).then_some(read_tx);
+        let hand_off = self.hand_off;
+        let reads = (!helpers.is_empty()).then_some(help_tx);
         for q in &self.queues {
             let name = format!("fuser-ring-{}", q.qid);
             let se = make_loop(name.clone());
@@ -374,7 +413,7 @@ impl Rings {
             let q_reads = reads.clone();
             let spawned = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || q2.serve(&se, q_reads));
+                .spawn(move || q2.serve(&se, q_reads, hand_off));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -537,7 +576,8 @@ impl Queue {
     fn serve<FS: Filesystem>(
         self: &Arc<Self>,
         se: &SessionEventLoop<FS>,
-        reads: Option<std::sync::mpsc::Sender<ReadJob>>,
+        helpers: Option<std::sync::mpsc::Sender<HelperJob>>,
+        hand_off: HandOff,
     ) {
         RING_THREAD_QID.with(|c| c.set(Some(self.qid)));
         if let Err(e) = pin_to(self.qid) {
@@ -598,7 +638,7 @@ impl Queue {
                     if let Some(n) = QUEUE_REQUESTS.get(usize::from(self.qid)) {
                         n.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.handle(idx, &mut buf, se, reads.as_ref());
+                    self.handle(idx, &mut buf, se, helpers.as_ref(), hand_off);
                     continue;
                 }
                 match -res {
@@ -633,7 +673,8 @@ impl Queue {
         idx: usize,
         buf: &mut RequestBuf,
         se: &SessionEventLoop<FS>,
-        reads: Option<&std::sync::mpsc::Sender<ReadJob>>,
+        helpers: Option<&std::sync::mpsc::Sender<HelperJob>>,
+        hand_off: HandOff,
     ) {
         let e = &self.entries[idx];
         let hp = e.header.ptr.as_ptr().cast::<ReqHeader>();
@@ -688,20 +729,25 @@ impl Queue {
             );
         }
         let opcode = u32::from_ne_bytes([in_h[4], in_h[5], in_h[6], in_h[7]]);
-        if opcode == FUSE_READ {
-            if let Some(tx) = reads {
+        if let Some(tx) = helpers {
+            if hand_off(opcode, &data[IN_HEADER..len]) {
                 let mut owned = RequestBuf::new(len);
                 owned.as_mut(len).copy_from_slice(&data[..len]);
-                let job = ReadJob {
+                let job = HelperJob {
                     buf: owned,
                     len,
                     reply: reply.clone(),
                 };
+                HANDED_OFF.fetch_add(1, Ordering::Relaxed);
                 match tx.send(job) {
                     Ok(()) => return,
                     // No helper left (they end only after the ring threads): served here.
                     Err(std::sync::mpsc::SendError(job)) => {
-                        let ReadJob { mut buf, len, reply } = job;
+                        let HelperJob {
+                            mut buf,
+                            len,
+                            reply,
+                        } = job;
                         return dispatch_ring(se, buf.as_mut(len), reply, unique);
                     }
                 }
@@ -711,25 +757,42 @@ impl Queue {
     }
 }
 
-/// `FUSE_READ`'s opcode (include/uapi/linux/fuse.h).
-const FUSE_READ: u32 = 15;
+/// Opcodes of include/uapi/linux/fuse.h that [`default_hand_off`] picks.
+pub const FUSE_READ: u32 = 15;
+/// `FUSE_FSYNC`.
+pub const FUSE_FSYNC: u32 = 20;
+/// `FUSE_FSYNCDIR`.
+pub const FUSE_FSYNCDIR: u32 = 30;
 
-/// A READ handed by a ring thread to the read helpers: the request rebuilt in the `/dev/fuse`
+/// Helper threads for `queues` ring queues: one per queue, so that every core can serve the
+/// READs of one reader, and two more, so that long requests (one per helper) leave them free.
+fn helper_count(queues: usize) -> usize {
+    queues + 2
+}
+
+/// A request handed by a ring thread to the helpers: the request rebuilt in the `/dev/fuse`
 /// layout, and the reply sender of its ring entry (a reply from another thread commits the
 /// entry through the queue's submission lock).
-struct ReadJob {
+struct HelperJob {
     buf: RequestBuf,
     len: usize,
     reply: RingReply,
 }
 
-/// A read helper: serves READs from the shared queue until every ring thread has ended.
-fn serve_reads<FS: Filesystem>(rx: &Mutex<std::sync::mpsc::Receiver<ReadJob>>, se: &SessionEventLoop<FS>) {
+/// A helper: serves handed-off requests from the shared queue until every ring thread has
+/// ended.
+fn serve_helper<FS: Filesystem>(
+    rx: &Mutex<std::sync::mpsc::Receiver<HelperJob>>,
+    se: &SessionEventLoop<FS>,
+) {
     loop {
-        let job = {
-            rx.lock().recv()
-        };
-        let Ok(ReadJob { mut buf, len, reply }) = job else {
+        let job = { rx.lock().recv() };
+        let Ok(HelperJob {
+            mut buf,
+            len,
+            reply,
+        }) = job
+        else {
             return;
         };
         let data = buf.as_mut(len);
@@ -800,12 +863,14 @@ impl RingReply {
         let r = &*self.0;
         let q = &r.queue;
         let e = &q.entries[r.idx];
-        if e
-            .pending
+        if e.pending
             .compare_exchange(r.commit_id, 0, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            debug!("FUSE ring {}: second reply to {} ignored", q.qid, r.commit_id);
+            debug!(
+                "FUSE ring {}: second reply to {} ignored",
+                q.qid, r.commit_id
+            );
             return Ok(());
         }
         let total: usize = data.iter().map(|s| s.len()).sum();
@@ -880,8 +945,7 @@ impl RingReply {
     /// Replies `errno` to a request that could not be dispatched.
     fn send_error(&self, unique: u64, errno: i32) {
         let e = &self.0.queue.entries[self.0.idx];
-        if e
-            .pending
+        if e.pending
             .compare_exchange(self.0.commit_id, 0, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
@@ -931,7 +995,7 @@ pub(crate) fn offer(
                 .into(),
         );
     }
-    let rings = match Rings::new(ch, uring.queue_depth, payload_size(config)) {
+    let rings = match Rings::new(ch, uring.queue_depth, payload_size(config), uring.hand_off) {
         Ok(r) => r,
         Err(e) => return fail(format!("cannot set up the FUSE io_uring queues: {e}")),
     };

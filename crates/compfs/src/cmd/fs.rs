@@ -39,9 +39,10 @@ pub struct MountArgs {
                 dict=on (default: store-trained zstd dictionaries for small files and packs), \
                 dict=nopack (not for packs) or dict=off, \
                 pack=on (default: small files compressed together in packs of 256K), pack=SIZE or pack=off, \
-                nouring (default: /dev/fuse only), uring=auto (FUSE over io_uring when the kernel \
-                offers it, i.e. /sys/module/fuse/parameters/enable_uring is Y), uring (required; \
-                as root sets enable_uring to Y), uring_depth=N (entries per CPU, default 2)"
+                uring=auto (default: FUSE over io_uring when the kernel offers it, i.e. \
+                /sys/module/fuse/parameters/enable_uring is Y; /dev/fuse otherwise), nouring \
+                (/dev/fuse only), uring (required; as root sets enable_uring to Y), \
+                uring_depth=N (entries per CPU, default 2)"
     )]
     pub options: Vec<String>,
     /// Stay in the foreground (otherwise the daemon detaches once the mount is ready).
