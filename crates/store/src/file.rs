@@ -10,11 +10,10 @@ use compfs_codec::{CodecSpec, ExtentPolicy};
 use crate::encode::trim_out_bufs;
 use crate::error::{Error, Result};
 use crate::flush::Pending;
-use crate::meta;
-use crate::read::inode_in;
 use crate::records::InodeRec;
 use crate::span;
 use crate::store::{lock, Inner};
+use crate::txn::MetaTxn;
 use crate::types::*;
 
 /// A block of which only some ranges were written.
@@ -164,19 +163,14 @@ impl Inner {
     /// The extent size of `ino`: its `compfs.extent_size` property, else the store's. A
     /// damaged property value counts as absent.
     pub(crate) fn file_extent_size(&self, ino: Ino) -> Result<u64> {
-        let txn = self.read_txn()?;
-        self.file_extent_size_in(&txn, ino)
+        self.with_meta(|m| self.file_extent_size_in(m, ino))
     }
 
-    /// [`Inner::file_extent_size`] in a given read transaction.
-    pub(crate) fn file_extent_size_in(&self, txn: &redb::ReadTransaction, ino: Ino) -> Result<u64> {
-        let t = txn.open_table(meta::XATTRS)?;
-        let own = match t.get((ino, EXTENT_SIZE_XATTR))? {
-            Some(v) => std::str::from_utf8(v.value())
-                .ok()
-                .and_then(parse_extent_size),
-            None => None,
-        };
+    /// [`Inner::file_extent_size`] read through `m` (the held batch or a snapshot).
+    fn file_extent_size_in(&self, m: &MetaTxn<'_>, ino: Ino) -> Result<u64> {
+        let own = m
+            .xattr(ino, EXTENT_SIZE_XATTR)?
+            .and_then(|v| std::str::from_utf8(&v).ok().and_then(parse_extent_size));
         Ok(own.unwrap_or(self.sb.extent_size) as u64)
     }
 
@@ -201,13 +195,15 @@ impl Inner {
         st: &'a mut FileState,
     ) -> Result<&'a mut Dirty> {
         if st.dirty.is_none() {
-            let txn = self.read_txn()?;
-            let rec = inode_in(&txn, ino)?;
+            // Read through the held batch: a read snapshot would commit it first, one redb
+            // commit per file written after its CREATE (10% of the ring threads' time in an
+            // untar).
+            let (rec, e) =
+                self.with_meta(|m| Ok((m.inode(ino)?, self.file_extent_size_in(m, ino)?)))?;
             if rec.kind != FileKind::File {
                 return Err(kind_error(rec.kind));
             }
-            let block = self.block_for(&rec, self.file_extent_size_in(&txn, ino)?);
-            drop(txn);
+            let block = self.block_for(&rec, e);
             st.dirty = Some(Dirty {
                 block,
                 blocks: BTreeMap::new(),
