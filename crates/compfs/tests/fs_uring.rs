@@ -349,3 +349,37 @@ fn a_long_request_does_not_hold_up_its_cpus_queue() {
     assert!(fs::read(m.path("big")).unwrap() == data);
     assert!(m.unmount().success());
 }
+
+/// While the store has nothing written to compress, the ring threads commit their replies so
+/// as to wake the requester on their own CPU (`compfs_fs::ring`): counted in `compfs.stats`;
+/// and metadata requests made meanwhile (creates, stats, deletes) all succeed.
+#[test]
+fn idle_store_replies_wake_requesters_on_the_ring_threads_cpu() {
+    require_fuse!();
+    require_kernel_ring();
+    let t = TempDir::new("uring-wake");
+    let store = t.path().join("store");
+    mkstore(&store, "zstd:3", Mode::Heuristic, 128 << 10);
+    let m = Mount::new(&store, &t.path().join("mnt"), "uring");
+    let before = stats(&m.mnt);
+    let dir = m.path("d");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..2000 {
+        fs::File::create(dir.join(format!("f{i}"))).unwrap();
+    }
+    for i in 0..2000 {
+        assert_eq!(fs::metadata(dir.join(format!("f{i}"))).unwrap().len(), 0);
+    }
+    for i in 0..2000 {
+        fs::remove_file(dir.join(format!("f{i}"))).unwrap();
+    }
+    let after = stats(&m.mnt);
+    let woken = after["fuse.uring_woken_here"] - before["fuse.uring_woken_here"];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root can leave SCHED_IDLE again: most of the ~6000 requests were answered so.
+        assert!(woken > 1000, "{woken} batches woken here: {after:?}");
+    }
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+    assert!(m.unmount().success());
+}

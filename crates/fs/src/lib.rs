@@ -10,7 +10,6 @@ pub mod daemon;
 pub mod defrag;
 pub mod defrag_run;
 pub mod error;
-pub mod hand_off;
 pub mod helper;
 pub mod mount;
 pub mod options;
@@ -18,6 +17,7 @@ pub mod privilege;
 pub mod procstatus;
 pub mod property;
 pub mod report;
+pub mod ring;
 pub mod usage;
 pub mod walk;
 

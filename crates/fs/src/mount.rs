@@ -146,7 +146,8 @@ pub fn fuse_config(store_dir: &Path, o: &MountOptions) -> Config {
             UringOption::Off => fuser::UringMode::Off,
         },
         queue_depth: o.uring_depth,
-        hand_off: crate::hand_off::ring_hand_off,
+        hand_off: crate::ring::ring_hand_off,
+        wake_here: crate::ring::ring_wake_here,
     };
     cfg
 }

@@ -102,7 +102,7 @@ pub enum UringOption {
     /// if it is not (logging it): the user asked for it by name.
     On,
     /// `nouring`: `/dev/fuse` only. (With the ring, requests that can take long are handed
-    /// to helper threads, [`crate::hand_off`], so that they do not hold up the other requests
+    /// to helper threads, [`crate::ring`], so that they do not hold up the other requests
     /// of their CPU's queue.)
     Off,
 }

@@ -155,13 +155,17 @@ impl StatsRecord {
     /// The FUSE transport's figures: `fuse.uring_queues` (queues registered with the kernel;
     /// 0 when requests go through `/dev/fuse`) and `fuse.uring_requests` (requests served
     /// through the rings), `fuse.uring_handed_off` (of those, the ones the ring threads handed
-    /// to helper threads, see [`crate::hand_off`]), and `fuse.uring_requests.cpuN` per queue
+    /// to helper threads, see [`crate::ring`]), `fuse.uring_woken_here` (batches of replies
+    /// committed so as to wake their requesters on the ring thread's CPU, [`crate::ring`]),
+    /// and `fuse.uring_requests.cpuN` per queue
     /// that served any.
     pub fn add_transport(&mut self, u: fuser::UringStats) {
         self.values.insert("fuse.uring_queues".into(), u.queues);
         self.values.insert("fuse.uring_requests".into(), u.requests);
         self.values
             .insert("fuse.uring_handed_off".into(), u.handed_off);
+        self.values
+            .insert("fuse.uring_woken_here".into(), u.woken_here);
         for (cpu, n) in u.per_queue.iter().enumerate() {
             if *n > 0 {
                 self.values

@@ -116,6 +116,15 @@ impl Store {
         self.inner.stats()
     }
 
+    /// Whether written data is buffered or being compressed (the writeback and compression
+    /// threads have work): one atomic load, for per-request decisions.
+    pub fn writes_pending(&self) -> bool {
+        self.inner
+            .dirty_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    }
+
     /// compsize figures for files and (recursively) directories; each file and each extent is
     /// counted once, a packed extent by each file's share (see `pack`).
     pub fn usage(&self, inos: &[Ino]) -> Result<Usage> {

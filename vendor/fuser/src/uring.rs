@@ -146,6 +146,25 @@ pub fn default_hand_off(opcode: u32, _args: &[u8]) -> bool {
     matches!(opcode, FUSE_READ | FUSE_FSYNC | FUSE_FSYNCDIR)
 }
 
+/// Whether a ring thread should commit its replies so that each requester is woken on the
+/// ring thread's CPU, the one it made its request from: called before each batch of replies.
+/// A ring thread is pinned to its queue's CPU, and the requester it answers ran there; but when
+/// the reply wakes it, the ring thread is still running, so the scheduler puts the requester
+/// on another CPU if one is idle, and its next request goes to that CPU's queue, whose reply
+/// moves it back: each round trip then wakes an idle CPU, an inter-processor interrupt (and on
+/// a VM, an exit). Committing while `SCHED_IDLE` makes the scheduler count the ring thread's
+/// CPU as idle and wake the requester there (the patch that makes the kernel do this itself,
+/// `wake_up_on_current_cpu` for ring requests, is not in Linux 6.18). The cost: until the
+/// ring thread runs again and resumes its policy, any other runnable thread of its CPU goes
+/// first, so with busy background threads (compression) it is slower: the filesystem says
+/// when it is worth it. Ignored where the thread cannot leave `SCHED_IDLE` again.
+pub type WakeHere = fn() -> bool;
+
+/// The default [`WakeHere`]: never.
+pub fn never_wake_here() -> bool {
+    false
+}
+
 /// FUSE-over-io_uring settings of a session ([`crate::Config::uring`]).
 #[derive(Debug, Clone, Copy)]
 pub struct UringConfig {
@@ -156,6 +175,9 @@ pub struct UringConfig {
     pub queue_depth: u16,
     /// Which requests go to the helper threads ([`default_hand_off`] unless set).
     pub hand_off: HandOff,
+    /// When replies should wake requesters on the ring thread's CPU ([`never_wake_here`]
+    /// unless set).
+    pub wake_here: WakeHere,
 }
 
 // `Config` compares its fields; two configs are equal when they pick the same function
@@ -165,6 +187,7 @@ impl PartialEq for UringConfig {
         self.mode == other.mode
             && self.queue_depth == other.queue_depth
             && std::ptr::fn_addr_eq(self.hand_off, other.hand_off)
+            && std::ptr::fn_addr_eq(self.wake_here, other.wake_here)
     }
 }
 
@@ -176,6 +199,7 @@ impl Default for UringConfig {
             mode: UringMode::Off,
             queue_depth: 2,
             hand_off: default_hand_off,
+            wake_here: never_wake_here,
         }
     }
 }
@@ -191,6 +215,9 @@ pub struct UringStats {
     pub per_queue: Vec<u64>,
     /// Of `requests`, those a ring thread handed to the helper threads ([`HandOff`]).
     pub handed_off: u64,
+    /// Batches of replies committed so as to wake their requesters on the ring thread's CPU
+    /// ([`WakeHere`]).
+    pub woken_here: u64,
 }
 
 /// Queues counted separately in [`UringStats::per_queue`].
@@ -199,6 +226,7 @@ pub const STATS_QUEUES: usize = 64;
 static QUEUES_REGISTERED: AtomicU64 = AtomicU64::new(0);
 static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static HANDED_OFF: AtomicU64 = AtomicU64::new(0);
+static WOKEN_HERE: AtomicU64 = AtomicU64::new(0);
 static QUEUE_REQUESTS: [AtomicU64; STATS_QUEUES] = [const { AtomicU64::new(0) }; STATS_QUEUES];
 
 /// The FUSE-over-io_uring figures of this process (all its sessions together).
@@ -213,6 +241,7 @@ pub fn uring_stats() -> UringStats {
         requests: RING_REQUESTS.load(Ordering::Relaxed),
         per_queue: per_queue[..used].to_vec(),
         handed_off: HANDED_OFF.load(Ordering::Relaxed),
+        woken_here: WOKEN_HERE.load(Ordering::Relaxed),
     }
 }
 
@@ -298,6 +327,7 @@ unsafe impl Sync for Queue {}
 pub(crate) struct Rings {
     queues: Vec<Arc<Queue>>,
     hand_off: HandOff,
+    wake_here: WakeHere,
 }
 
 /// The CPUs the kernel makes queues for: `num_possible_cpus()`, from
@@ -335,7 +365,13 @@ fn payload_size(config: &KernelConfig) -> usize {
 }
 
 impl Rings {
-    fn new(ch: &Channel, depth: u16, payload: usize, hand_off: HandOff) -> io::Result<Rings> {
+    fn new(
+        ch: &Channel,
+        depth: u16,
+        payload: usize,
+        hand_off: HandOff,
+        wake_here: WakeHere,
+    ) -> io::Result<Rings> {
         let nr = possible_cpus()?;
         let depth = depth.max(1);
         let mut queues = Vec::with_capacity(nr);
@@ -375,7 +411,11 @@ impl Rings {
                 stop: AtomicBool::new(false),
             }));
         }
-        Ok(Rings { queues, hand_off })
+        Ok(Rings {
+            queues,
+            hand_off,
+            wake_here,
+        })
     }
 
     /// Starts one pinned thread per queue, serving requests through `se`'s filesystem.
@@ -404,7 +444,7 @@ impl Rings {
                 Err(e) => warn!("FUSE ring: no helper thread ({e}); requests served inline"),
             }
         }
-        let hand_off = self.hand_off;
+        let (hand_off, wake_here) = (self.hand_off, self.wake_here);
         let reads = (!helpers.is_empty()).then_some(help_tx);
         for q in &self.queues {
             let name = format!("fuser-ring-{}", q.qid);
@@ -413,7 +453,7 @@ impl Rings {
             let q_reads = reads.clone();
             let spawned = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || q2.serve(&se, q_reads, hand_off));
+                .spawn(move || q2.serve(&se, q_reads, hand_off, wake_here));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -578,6 +618,7 @@ impl Queue {
         se: &SessionEventLoop<FS>,
         helpers: Option<std::sync::mpsc::Sender<HelperJob>>,
         hand_off: HandOff,
+        wake_here: WakeHere,
     ) {
         RING_THREAD_QID.with(|c| c.set(Some(self.qid)));
         if let Err(e) = pin_to(self.qid) {
@@ -605,7 +646,28 @@ impl Queue {
         let mut live = self.entries.len();
         let mut buf = RequestBuf::new(IN_HEADER + HEADER_AREA + self.entries[0].payload.len());
         let mut done: Vec<(u64, i32)> = Vec::with_capacity(self.entries.len() + 1);
+        // Whether this thread may drop to SCHED_IDLE and come back (root, or RLIMIT_NICE).
+        let can_wake_here = idle_policy_reversible();
+        if !can_wake_here {
+            info!(
+                "FUSE ring {}: replies wake requesters wherever the scheduler puts them \
+                 (SCHED_IDLE cannot be left again here)",
+                self.qid
+            );
+        }
         while live > 0 && !self.stop.load(Ordering::Acquire) {
+            if can_wake_here && wake_here() {
+                // The replies are committed while this thread is SCHED_IDLE: the scheduler then
+                // takes its CPU for idle (`sched_idle_cpu`) and wakes each requester here, on
+                // the CPU it made its request from, instead of on the other, idle, CPU (an
+                // inter-processor interrupt, and on a VM an exit; see `WakeHere`). The
+                // requester preempts this thread, which resumes its normal policy when it
+                // runs again.
+                set_policy(libc::SCHED_IDLE);
+                let _ = self.ring.submit();
+                set_policy(libc::SCHED_OTHER);
+                WOKEN_HERE.fetch_add(1, Ordering::Relaxed);
+            }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -755,6 +817,19 @@ impl Queue {
         }
         dispatch_ring(se, &data[..len], reply, unique);
     }
+}
+
+/// Sets the calling thread's scheduling policy (`SCHED_OTHER` or `SCHED_IDLE`, priority 0).
+fn set_policy(policy: i32) -> bool {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain data; 0 is the calling thread.
+    unsafe { libc::sched_setscheduler(0, policy, &p) == 0 }
+}
+
+/// Whether the calling thread can switch to `SCHED_IDLE` and back (leaving it needs
+/// `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows nice 0): tried once.
+fn idle_policy_reversible() -> bool {
+    set_policy(libc::SCHED_IDLE) && set_policy(libc::SCHED_OTHER)
 }
 
 /// Opcodes of include/uapi/linux/fuse.h that [`default_hand_off`] picks.
@@ -995,7 +1070,13 @@ pub(crate) fn offer(
                 .into(),
         );
     }
-    let rings = match Rings::new(ch, uring.queue_depth, payload_size(config), uring.hand_off) {
+    let rings = match Rings::new(
+        ch,
+        uring.queue_depth,
+        payload_size(config),
+        uring.hand_off,
+        uring.wake_here,
+    ) {
         Ok(r) => r,
         Err(e) => return fail(format!("cannot set up the FUSE io_uring queues: {e}")),
     };

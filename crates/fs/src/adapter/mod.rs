@@ -80,6 +80,7 @@ impl std::fmt::Debug for CompFs {
 
 impl CompFs {
     pub fn new(store: Arc<Store>) -> CompFs {
+        crate::ring::set_ring_store(&store);
         CompFs {
             store,
             corrupt_logged: Mutex::new(HashSet::new()),
