@@ -87,7 +87,7 @@ pub use crate::session::SessionUnmounter;
 #[cfg(target_os = "linux")]
 pub use crate::uring::{
     FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, HandOff, STATS_QUEUES, UringConfig, UringMode,
-    UringStats, WakeHere, default_hand_off, never_wake_here, uring_stats,
+    UringStats, WakeHere, default_hand_off, never_wake_here, sched_idle_reversible, uring_stats,
 };
 
 mod access_flags;

@@ -647,7 +647,7 @@ impl Queue {
         let mut buf = RequestBuf::new(IN_HEADER + HEADER_AREA + self.entries[0].payload.len());
         let mut done: Vec<(u64, i32)> = Vec::with_capacity(self.entries.len() + 1);
         // Whether this thread may drop to SCHED_IDLE and come back (root, or RLIMIT_NICE).
-        let can_wake_here = idle_policy_reversible();
+        let can_wake_here = sched_idle_reversible();
         if !can_wake_here {
             info!(
                 "FUSE ring {}: replies wake requesters wherever the scheduler puts them \
@@ -826,10 +826,16 @@ fn set_policy(policy: i32) -> bool {
     unsafe { libc::sched_setscheduler(0, policy, &p) == 0 }
 }
 
-/// Whether the calling thread can switch to `SCHED_IDLE` and back (leaving it needs
-/// `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows nice 0): tried once.
-fn idle_policy_reversible() -> bool {
-    set_policy(libc::SCHED_IDLE) && set_policy(libc::SCHED_OTHER)
+/// Whether a thread of this process can switch to `SCHED_IDLE` and back (leaving it needs
+/// `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows nice 0). Tried on a short-lived thread of its
+/// own, which ends either way: a ring thread that could not come back would stay `SCHED_IDLE`.
+pub fn sched_idle_reversible() -> bool {
+    std::thread::Builder::new()
+        .name("fuser-ring-probe".into())
+        .spawn(|| set_policy(libc::SCHED_IDLE) && set_policy(libc::SCHED_OTHER))
+        .ok()
+        .and_then(|t| t.join().ok())
+        .unwrap_or(false)
 }
 
 /// Opcodes of include/uapi/linux/fuse.h that [`default_hand_off`] picks.
