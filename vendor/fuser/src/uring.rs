@@ -655,18 +655,28 @@ impl Queue {
                 self.qid
             );
         }
+        // Until when waking here is off, after this thread waited too long to run again.
+        let mut back_off: Option<std::time::Instant> = None;
         while live > 0 && !self.stop.load(Ordering::Acquire) {
-            if can_wake_here && wake_here() {
+            let backing_off = back_off.is_some_and(|t| std::time::Instant::now() < t);
+            if can_wake_here && !backing_off && wake_here() {
                 // The replies are committed while this thread is SCHED_IDLE: the scheduler then
                 // takes its CPU for idle (`sched_idle_cpu`) and wakes each requester here, on
                 // the CPU it made its request from, instead of on the other, idle, CPU (an
                 // inter-processor interrupt, and on a VM an exit; see `WakeHere`). The
                 // requester preempts this thread, which resumes its normal policy when it
                 // runs again.
+                let t0 = std::time::Instant::now();
                 set_policy(libc::SCHED_IDLE);
                 let _ = self.ring.submit();
                 set_policy(libc::SCHED_OTHER);
                 WOKEN_HERE.fetch_add(1, Ordering::Relaxed);
+                // Meanwhile every runnable normal thread of this CPU went first (a CPU hog
+                // there would make each round trip wait for it): when that took long, the
+                // next second's replies are committed the usual way.
+                let waited = t0.elapsed();
+                back_off = (waited > WAKE_HERE_MAX_WAIT)
+                    .then(|| std::time::Instant::now() + WAKE_HERE_BACK_OFF);
             }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -818,6 +828,12 @@ impl Queue {
         dispatch_ring(se, &data[..len], reply, unique);
     }
 }
+
+/// Longest a ring thread may take to get its CPU back after committing replies as
+/// `SCHED_IDLE` (a round trip is ~20 µs) before it stops doing so for [`WAKE_HERE_BACK_OFF`].
+const WAKE_HERE_MAX_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+/// See [`WAKE_HERE_MAX_WAIT`].
+const WAKE_HERE_BACK_OFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Sets the calling thread's scheduling policy (`SCHED_OTHER` or `SCHED_IDLE`, priority 0).
 fn set_policy(policy: i32) -> bool {
