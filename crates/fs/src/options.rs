@@ -553,6 +553,7 @@ mod tests {
         assert_eq!(o.uring_depth, 4);
         assert!(o.describe().contains("uring,uring_depth=4"));
         assert!(parse("nouring").unwrap().describe().contains("nouring"));
+        assert!(!parse("uring=auto").unwrap().describe().contains("uring"));
         for bad in [
             "uring=yes",
             "uring_depth",
