@@ -383,24 +383,10 @@ fn progress_within_a_file_on_a_mount() {
     let m = Mount::new(&store, &t.path().join("mnt"), "");
     let data = text_bytes(48 << 20, 5);
     fs::write(m.path("big"), &data).unwrap();
-    let plan = compfs_fs::defrag_run::plan(&[m.path("big")], false).unwrap();
-    let target = compfs_store::DefragTarget {
-        spec: Some(compfs_store::CodecSpec::parse("zstd:9").unwrap().spec),
-        level: None,
-        force: true,
-        extent_size: None,
-    };
-    let seen = std::sync::Mutex::new(Vec::new());
-    let total = compfs_fs::defrag_run::run(
-        plan,
-        &target,
-        &|r| seen.lock().unwrap().push(r.bytes_examined),
-        &mut |e| panic!("{e}"),
-    );
-    assert_eq!(total.bytes_examined, data.len() as u64);
-    let seen = seen.into_inner().unwrap();
+    let (examined, seen) = defrag_to_zstd9_polling(&m.path("big"));
+    assert_eq!(examined, data.len() as u64);
     assert!(
-        seen.iter().any(|&b| b > 0 && b < total.bytes_examined),
+        seen.iter().any(|&b| b > 0 && b < examined),
         "no progress within the file: {seen:?}"
     );
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");

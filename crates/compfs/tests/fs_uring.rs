@@ -310,29 +310,15 @@ fn a_long_request_does_not_hold_up_its_cpus_queue() {
     // Everything below, the defrag's thread included (it inherits the mask), runs on one CPU:
     // its requests all go to that CPU's queue.
     let cpu = cpu_list("/sys/devices/system/cpu/online")[0];
-    let seen = std::thread::scope(|s| {
+    let (examined, seen) = std::thread::scope(|s| {
         s.spawn(|| {
             pin_to(cpu);
-            let plan = compfs_fs::defrag_run::plan(&[m.path("big")], false).unwrap();
-            let target = compfs_store::DefragTarget {
-                spec: Some(compfs_store::CodecSpec::parse("zstd:9").unwrap().spec),
-                level: None,
-                force: true,
-                extent_size: None,
-            };
-            let seen = std::sync::Mutex::new(Vec::new());
-            let total = compfs_fs::defrag_run::run(
-                plan,
-                &target,
-                &|r| seen.lock().unwrap().push(r.bytes_examined),
-                &mut |e| panic!("{e}"),
-            );
-            assert_eq!(total.bytes_examined, data.len() as u64);
-            seen.into_inner().unwrap()
+            defrag_to_zstd9_polling(&m.path("big"))
         })
         .join()
         .unwrap()
     });
+    assert_eq!(examined, data.len() as u64);
     assert!(
         seen.iter().any(|&b| b > 0 && b < data.len() as u64),
         "no progress seen within the file while its defrag ran: {seen:?}"

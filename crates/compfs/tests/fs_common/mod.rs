@@ -259,3 +259,24 @@ pub fn written(mnt: &Path) -> u64 {
         .parse()
         .unwrap()
 }
+
+/// `compfs defrag` of `file` on a mount to `compress-force=zstd:9`, run as the tool runs it
+/// (the request, and the daemon's running figures polled meanwhile): the bytes examined in all,
+/// and `bytes_examined` of each poll, in order.
+pub fn defrag_to_zstd9_polling(file: &Path) -> (u64, Vec<u64>) {
+    let plan = compfs_fs::defrag_run::plan(&[file.to_path_buf()], false).unwrap();
+    let target = compfs_store::DefragTarget {
+        spec: Some(CodecSpec::parse("zstd:9").unwrap().spec),
+        level: None,
+        force: true,
+        extent_size: None,
+    };
+    let seen = std::sync::Mutex::new(Vec::new());
+    let total = compfs_fs::defrag_run::run(
+        plan,
+        &target,
+        &|r| seen.lock().unwrap().push(r.bytes_examined),
+        &mut |e| panic!("{e}"),
+    );
+    (total.bytes_examined, seen.into_inner().unwrap())
+}
