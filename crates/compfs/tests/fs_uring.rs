@@ -338,7 +338,9 @@ fn a_long_request_does_not_hold_up_its_cpus_queue() {
 
 /// While the store has nothing written to compress, the ring threads commit their replies so
 /// as to wake the requester on their own CPU (`compfs_fs::ring`): counted in `compfs.stats`;
-/// and metadata requests made meanwhile (creates, stats, deletes) all succeed.
+/// and metadata requests made meanwhile (creates, stats, deletes) all succeed. A ring thread
+/// that had to wait over 1 ms for its CPU stops doing so for a second (other tests load the
+/// machine), so the count is awaited, not expected after a fixed number of requests.
 #[test]
 fn idle_store_replies_wake_requesters_on_the_ring_threads_cpu() {
     require_fuse!();
@@ -347,7 +349,7 @@ fn idle_store_replies_wake_requesters_on_the_ring_threads_cpu() {
     let store = t.path().join("store");
     mkstore(&store, "zstd:3", Mode::Heuristic, 128 << 10);
     let m = Mount::new(&store, &t.path().join("mnt"), "uring");
-    let before = stats(&m.mnt);
+    let before = stats(&m.mnt)["fuse.uring_woken_here"];
     let dir = m.path("d");
     fs::create_dir(&dir).unwrap();
     for i in 0..2000 {
@@ -359,13 +361,23 @@ fn idle_store_replies_wake_requesters_on_the_ring_threads_cpu() {
     for i in 0..2000 {
         fs::remove_file(dir.join(format!("f{i}"))).unwrap();
     }
-    let after = stats(&m.mnt);
-    let woken = after["fuse.uring_woken_here"] - before["fuse.uring_woken_here"];
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        // Root can leave SCHED_IDLE again: most of the ~6000 requests were answered so.
-        assert!(woken > 1000, "{woken} batches woken here: {after:?}");
+        // Root can leave SCHED_IDLE again: replies are committed so, at the latest once a
+        // back-off has run out.
+        let start = Instant::now();
+        loop {
+            let st = stats(&m.mnt);
+            if st["fuse.uring_woken_here"] > before {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no reply committed so as to wake its requester here: {st:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
     assert!(m.unmount().success());
 }

@@ -155,8 +155,9 @@ impl StatsRecord {
     /// The FUSE transport's figures: `fuse.uring_queues` (queues registered with the kernel;
     /// 0 when requests go through `/dev/fuse`) and `fuse.uring_requests` (requests served
     /// through the rings), `fuse.uring_handed_off` (of those, the ones the ring threads handed
-    /// to helper threads, see [`crate::ring`]), `fuse.uring_woken_here` (batches of replies
-    /// committed so as to wake their requesters on the ring thread's CPU, [`crate::ring`]),
+    /// to helper threads, see [`crate::ring`]), `fuse.uring_woken_here` (rounds of a ring thread
+    /// whose pending replies were committed so as to wake their requesters on its CPU,
+    /// [`crate::ring`]),
     /// and `fuse.uring_requests.cpuN` per queue
     /// that served any.
     pub fn add_transport(&mut self, u: fuser::UringStats) {

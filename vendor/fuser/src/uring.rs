@@ -215,8 +215,8 @@ pub struct UringStats {
     pub per_queue: Vec<u64>,
     /// Of `requests`, those a ring thread handed to the helper threads ([`HandOff`]).
     pub handed_off: u64,
-    /// Batches of replies committed so as to wake their requesters on the ring thread's CPU
-    /// ([`WakeHere`]).
+    /// Rounds of a ring thread's loop whose pending replies were committed as `SCHED_IDLE`, so
+    /// as to wake their requesters on the ring thread's CPU ([`WakeHere`]).
     pub woken_here: u64,
 }
 
@@ -444,16 +444,27 @@ impl Rings {
                 Err(e) => warn!("FUSE ring: no helper thread ({e}); requests served inline"),
             }
         }
-        let (hand_off, wake_here) = (self.hand_off, self.wake_here);
-        let reads = (!helpers.is_empty()).then_some(help_tx);
+        // Whether a ring thread may drop to SCHED_IDLE and come back (root, or RLIMIT_NICE);
+        // without it, replies are never committed so as to wake requesters here.
+        let wake_here = if sched_idle_reversible() {
+            Some(self.wake_here)
+        } else {
+            info!(
+                "FUSE ring: replies wake requesters wherever the scheduler puts them \
+                 (this process cannot leave SCHED_IDLE again)"
+            );
+            None
+        };
+        let hand_off = self.hand_off;
+        let helper_tx = (!helpers.is_empty()).then_some(help_tx);
         for q in &self.queues {
             let name = format!("fuser-ring-{}", q.qid);
             let se = make_loop(name.clone());
             let q2 = q.clone();
-            let q_reads = reads.clone();
+            let q_helpers = helper_tx.clone();
             let spawned = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || q2.serve(&se, q_reads, hand_off, wake_here));
+                .spawn(move || q2.serve(&se, q_helpers, hand_off, wake_here));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -464,7 +475,7 @@ impl Rings {
                         queues: self.queues.clone(),
                         threads,
                     };
-                    drop(reads);
+                    drop(helper_tx);
                     rt.stop();
                     for h in helpers {
                         let _ = h.join();
@@ -475,7 +486,7 @@ impl Rings {
         }
         // The helpers end once every ring thread ended (the last sender is gone): joined
         // after them.
-        drop(reads);
+        drop(helper_tx);
         threads.extend(helpers);
         Ok(RingThreads {
             queues: self.queues,
@@ -618,7 +629,7 @@ impl Queue {
         se: &SessionEventLoop<FS>,
         helpers: Option<std::sync::mpsc::Sender<HelperJob>>,
         hand_off: HandOff,
-        wake_here: WakeHere,
+        wake_here: Option<WakeHere>,
     ) {
         RING_THREAD_QID.with(|c| c.set(Some(self.qid)));
         if let Err(e) = pin_to(self.qid) {
@@ -646,20 +657,11 @@ impl Queue {
         let mut live = self.entries.len();
         let mut buf = RequestBuf::new(IN_HEADER + HEADER_AREA + self.entries[0].payload.len());
         let mut done: Vec<(u64, i32)> = Vec::with_capacity(self.entries.len() + 1);
-        // Whether this thread may drop to SCHED_IDLE and come back (root, or RLIMIT_NICE).
-        let can_wake_here = sched_idle_reversible();
-        if !can_wake_here {
-            info!(
-                "FUSE ring {}: replies wake requesters wherever the scheduler puts them \
-                 (SCHED_IDLE cannot be left again here)",
-                self.qid
-            );
-        }
         // Until when waking here is off, after this thread waited too long to run again.
         let mut back_off: Option<std::time::Instant> = None;
         while live > 0 && !self.stop.load(Ordering::Acquire) {
             let backing_off = back_off.is_some_and(|t| std::time::Instant::now() < t);
-            if can_wake_here && !backing_off && wake_here() {
+            if !backing_off && wake_here.is_some_and(|f| f()) {
                 // The replies are committed while this thread is SCHED_IDLE: the scheduler then
                 // takes its CPU for idle (`sched_idle_cpu`) and wakes each requester here, on
                 // the CPU it made its request from, instead of on the other, idle, CPU (an
