@@ -46,18 +46,11 @@ fn cpu_list(path: &str) -> Vec<usize> {
 }
 
 fn pin_to(cpu: usize) {
-    // SAFETY: plain data; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "pin to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
-        assert_eq!(libc::sched_getcpu(), cpu as i32);
-    }
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)
+        .unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+    assert_eq!(rustix::thread::sched_getcpu(), cpu);
 }
 
 /// Deterministic contents of file `i` of worker `w`: sizes from 0 to past 1 MiB (the largest

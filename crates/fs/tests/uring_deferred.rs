@@ -124,15 +124,10 @@ fn worker(rx: mpsc::Receiver<Job>) {
 }
 
 fn pin_to(cpu: usize) {
-    // SAFETY: plain data; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0
-        );
-    }
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)
+        .unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
 }
 
 fn cpus(path: &str) -> Vec<usize> {
