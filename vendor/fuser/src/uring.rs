@@ -659,9 +659,12 @@ impl Queue {
         let mut done: Vec<(u64, i32)> = Vec::with_capacity(self.entries.len() + 1);
         // Until when waking here is off, after this thread waited too long to run again.
         let mut back_off: Option<std::time::Instant> = None;
+        // Whether this thread replied to a request since its last submit (READs and the other
+        // handed-off requests are committed by the helpers).
+        let mut replied = false;
         while live > 0 && !self.stop.load(Ordering::Acquire) {
             let backing_off = back_off.is_some_and(|t| std::time::Instant::now() < t);
-            if !backing_off && wake_here.is_some_and(|f| f()) {
+            if std::mem::take(&mut replied) && !backing_off && wake_here.is_some_and(|f| f()) {
                 // The replies are committed while this thread is SCHED_IDLE: the scheduler then
                 // takes its CPU for idle (`sched_idle_cpu`) and wakes each requester here, on
                 // the CPU it made its request from, instead of on the other, idle, CPU (an
@@ -712,7 +715,7 @@ impl Queue {
                     if let Some(n) = QUEUE_REQUESTS.get(usize::from(self.qid)) {
                         n.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.handle(idx, &mut buf, se, helpers.as_ref(), hand_off);
+                    replied |= self.handle(idx, &mut buf, se, helpers.as_ref(), hand_off);
                     continue;
                 }
                 match -res {
@@ -741,7 +744,8 @@ impl Queue {
         debug!("FUSE ring {}: thread ends", self.qid);
     }
 
-    /// Serves the request that entry `idx` holds.
+    /// Serves the request that entry `idx` holds: here (true: the reply is pushed for this
+    /// thread's next submit) or by handing it to the helpers (false).
     fn handle<FS: Filesystem>(
         self: &Arc<Self>,
         idx: usize,
@@ -749,7 +753,7 @@ impl Queue {
         se: &SessionEventLoop<FS>,
         helpers: Option<&std::sync::mpsc::Sender<HelperJob>>,
         hand_off: HandOff,
-    ) {
+    ) -> bool {
         let e = &self.entries[idx];
         let hp = e.header.ptr.as_ptr().cast::<ReqHeader>();
         // SAFETY: the kernel filled the header before completing the command, and owns it no
@@ -785,7 +789,7 @@ impl Queue {
                 self.qid
             );
             reply.send_error(unique, libc::EIO);
-            return;
+            return true;
         };
         let data = buf.as_mut(len);
         data[..IN_HEADER].copy_from_slice(&in_h);
@@ -814,7 +818,7 @@ impl Queue {
                 };
                 HANDED_OFF.fetch_add(1, Ordering::Relaxed);
                 match tx.send(job) {
-                    Ok(()) => return,
+                    Ok(()) => return false,
                     // No helper left (they end only after the ring threads): served here.
                     Err(std::sync::mpsc::SendError(job)) => {
                         let HelperJob {
@@ -822,12 +826,14 @@ impl Queue {
                             len,
                             reply,
                         } = job;
-                        return dispatch_ring(se, buf.as_mut(len), reply, unique);
+                        dispatch_ring(se, buf.as_mut(len), reply, unique);
+                        return true;
                     }
                 }
             }
         }
         dispatch_ring(se, &data[..len], reply, unique);
+        true
     }
 }
 
