@@ -167,7 +167,7 @@ impl Inner {
     }
 
     /// [`Inner::file_extent_size`] read through `m` (the held batch or a snapshot).
-    fn file_extent_size_in(&self, m: &MetaTxn<'_>, ino: Ino) -> Result<u64> {
+    fn file_extent_size_in(&self, m: &MetaTxn<'_, '_>, ino: Ino) -> Result<u64> {
         let own = m
             .xattr(ino, EXTENT_SIZE_XATTR)?
             .and_then(|v| std::str::from_utf8(&v).ok().and_then(parse_extent_size));

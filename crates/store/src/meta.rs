@@ -133,6 +133,14 @@ impl<'t> W<'t> {
     }
 
     /// Whether a table was opened for changes in this `W`.
+    /// Starts the next body in this transaction: the per-body figures start over (the tables
+    /// stay open, see `txn::OpenTxn`).
+    pub(crate) fn start_body(&mut self) {
+        self.reserve_delta = 0;
+        self.freed.clear();
+        self.touched.set(false);
+    }
+
     pub(crate) fn touched(&self) -> bool {
         self.touched.get()
     }

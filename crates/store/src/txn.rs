@@ -9,7 +9,8 @@
 //! always before any other transaction (a durable commit, GC, ...) and before any read that
 //! does not look into it ([`Inner::read_txn`]). The lookups, attribute reads, directory
 //! listings and xattr reads of the FUSE hot path read through the held batch instead
-//! ([`Inner::with_meta`]), so every change is visible to them as soon as its call returns. A
+//! ([`Inner::with_meta`]), so every change is visible to them as soon as its call returns. The
+//! batch keeps the tables its bodies opened open until it commits ([`OpenTxn`]). A
 //! crash loses what the batch holds exactly as it loses non-durable commits (redb recovers to
 //! the last durable commit either way). Flushes run in the batch and commit it at once
 //! ([`Inner::write_joined`]): a file's buffered data is dropped after its flush, so that flush
@@ -36,11 +37,29 @@ pub(crate) const BATCH_OPS: u32 = 256;
 /// flusher's next tick, by any other transaction or by a read that does not look into it).
 pub(crate) const BATCH_AGE: Duration = Duration::from_millis(20);
 
+self_cell::self_cell!(
+    /// A write transaction with the tables its bodies opened ([`W`]), kept open from one body
+    /// of a held batch to the next: redb's `open_table` and the close that writes the table's
+    /// root back cost more than the lookup or insert a namespace operation does with them.
+    /// [`OpenTxn::into_owner`] closes the tables and gives back the transaction to commit.
+    pub(crate) struct OpenTxn {
+        owner: WriteTransaction,
+        #[not_covariant]
+        dependent: W,
+    }
+);
+
+impl OpenTxn {
+    fn begin(txn: WriteTransaction) -> Result<OpenTxn> {
+        OpenTxn::try_new(txn, |t| W::open(t))
+    }
+}
+
 /// A body run in the held batch (see [`Inner::run_in_batch`]): the batch lock, the
 /// transaction with its batch's figures, and what the body did.
 struct BatchRun<'a> {
     held: MutexGuard<'a, Option<Held>>,
-    txn: WriteTransaction,
+    txn: OpenTxn,
     ops: u32,
     since: Instant,
     touched: bool,
@@ -54,7 +73,7 @@ pub(crate) struct AfterCommit(Option<crate::object::AfterLocks>);
 
 /// The held batch: an open write transaction with changes not yet committed.
 pub(crate) struct Held {
-    txn: WriteTransaction,
+    txn: OpenTxn,
     ops: u32,
     since: Instant,
 }
@@ -85,22 +104,24 @@ fn in_body() -> bool {
 }
 
 /// What a hot-path read sees: the held batch, or a read snapshot when there is none.
-pub(crate) enum MetaTxn<'a> {
+pub(crate) enum MetaTxn<'a, 't> {
     Read(ReadTransaction),
-    Held(&'a WriteTransaction),
+    /// The held batch's tables (opened once per batch, see [`OpenTxn`]).
+    Held(&'a W<'t>),
 }
 
-/// Runs `$body` with `$t` bound to table `$def` opened in either kind of [`MetaTxn`].
+/// Runs `$body` with `$t` bound to table `$def` opened in a read snapshot, or to the held
+/// batch's table `$held` (a [`W`] accessor).
 macro_rules! on_table {
-    ($m:expr, $def:expr, |$t:ident| $body:expr) => {
+    ($m:expr, $def:expr, $held:ident, |$t:ident| $body:expr) => {
         match $m {
             MetaTxn::Read(txn) => {
                 let $t = txn.open_table($def)?;
                 let r = $body;
                 r
             }
-            MetaTxn::Held(txn) => {
-                let $t = txn.open_table($def)?;
+            MetaTxn::Held(w) => {
+                let $t = w.$held()?;
                 let r = $body;
                 r
             }
@@ -108,29 +129,34 @@ macro_rules! on_table {
     };
 }
 
-impl MetaTxn<'_> {
+impl MetaTxn<'_, '_> {
     pub(crate) fn inode(&self, ino: Ino) -> Result<InodeRec> {
-        on_table!(self, meta::INODES, |t| match t.get(ino)? {
+        on_table!(self, meta::INODES, inodes, |t| match t.get(ino)? {
             Some(v) => dec(InodeRec::decode(v.value())),
             None => Err(Error::NotFound),
         })
     }
 
     pub(crate) fn dirent(&self, dir: Ino, name: &[u8]) -> Result<Option<DirentRec>> {
-        on_table!(self, meta::DIRENTS, |t| match t.get((dir, name))? {
-            Some(v) => Ok(Some(dec(DirentRec::decode(v.value()))?)),
-            None => Ok(None),
-        })
+        on_table!(
+            self,
+            meta::DIRENTS,
+            dirents,
+            |t| match t.get((dir, name))? {
+                Some(v) => Ok(Some(dec(DirentRec::decode(v.value()))?)),
+                None => Ok(None),
+            }
+        )
     }
 
     pub(crate) fn xattr(&self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        on_table!(self, meta::XATTRS, |t| Ok(t
+        on_table!(self, meta::XATTRS, xattrs, |t| Ok(t
             .get((ino, name))?
             .map(|v| v.value().to_vec())))
     }
 
     pub(crate) fn xattr_names(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        on_table!(self, meta::XATTRS, |t| {
+        on_table!(self, meta::XATTRS, xattrs, |t| {
             let mut v = Vec::new();
             for r in t.range((ino, &[][..])..(ino + 1, &[][..]))? {
                 v.push(r?.0.value().1.to_vec());
@@ -140,7 +166,7 @@ impl MetaTxn<'_> {
     }
 
     pub(crate) fn is_orphan(&self, ino: Ino) -> Result<bool> {
-        on_table!(self, meta::ORPHANS, |t| Ok(t.get(ino)?.is_some()))
+        on_table!(self, meta::ORPHANS, orphans, |t| Ok(t.get(ino)?.is_some()))
     }
 
     /// Up to `max` entries of `dir` from sequence number `from`: (sequence, name, entry).
@@ -150,7 +176,7 @@ impl MetaTxn<'_> {
         from: u64,
         max: usize,
     ) -> Result<Vec<(u64, Vec<u8>, DirentRec)>> {
-        on_table!(self, meta::DIRINDEX, |idx| {
+        on_table!(self, meta::DIRINDEX, dirindex, |idx| {
             let mut out = Vec::new();
             for r in idx.range((dir, from)..=(dir, u64::MAX))? {
                 if out.len() >= max {
@@ -220,7 +246,7 @@ impl Inner {
             return Ok(());
         }
         // Not durable: nothing left for after the lock.
-        let AfterCommit(_) = self.commit(h.txn, false, false)?;
+        let AfterCommit(_) = self.commit(h.txn.into_owner(), false, false)?;
         Ok(())
     }
 
@@ -242,12 +268,12 @@ impl Inner {
 
     /// Runs a hot-path read `f` on the held batch when there is one (under the batch lock),
     /// else on a read snapshot: either way it sees every change made so far.
-    pub(crate) fn with_meta<T>(&self, f: impl FnOnce(&MetaTxn<'_>) -> Result<T>) -> Result<T> {
+    pub(crate) fn with_meta<T>(&self, f: impl FnOnce(&MetaTxn<'_, '_>) -> Result<T>) -> Result<T> {
         if !in_body() {
             let held = lock(&self.held);
             if let Some(h) = held.as_ref() {
                 if !self.ro_flag.load(Ordering::SeqCst) {
-                    return f(&MetaTxn::Held(&h.txn));
+                    return h.txn.with_dependent(|_, w| f(&MetaTxn::Held(w)));
                 }
             }
         }
@@ -309,7 +335,7 @@ impl Inner {
         let (b, res) = self.run_in_batch(body)?;
         match res {
             Ok(out) => {
-                let after = self.commit(b.txn, durable, false)?;
+                let after = self.commit(b.txn.into_owner(), durable, false)?;
                 drop(b.held);
                 self.settle(b.reserve_delta);
                 self.finish(after)?;
@@ -333,16 +359,19 @@ impl Inner {
             held.take();
         }
         self.bg.note_txn();
-        let (txn, ops, since) = match held.take() {
+        let (mut txn, ops, since) = match held.take() {
             Some(h) => (h.txn, h.ops, h.since),
-            None => (self.begin()?, 0, Instant::now()),
+            None => {
+                let txn = OpenTxn::begin(self.begin()?).map_err(|e| self.fail(e))?;
+                (txn, 0, Instant::now())
+            }
         };
-        let (res, touched, reserve_delta) = {
-            let mut w = W::open(&txn).map_err(|e| self.fail(e))?;
+        let (res, touched, reserve_delta) = txn.with_dependent_mut(|_, w| {
+            w.start_body();
             let _b = InBody::enter();
-            let res = body(&mut w);
+            let res = body(w);
             (res, w.touched(), w.reserve_delta)
-        };
+        });
         let b = BatchRun {
             held,
             txn,
@@ -408,7 +437,7 @@ impl Inner {
                     || ops >= self.tuning.batch_ops
                     || since.elapsed() >= BATCH_AGE
                 {
-                    let AfterCommit(_) = self.commit(txn, false, false)?;
+                    let AfterCommit(_) = self.commit(txn.into_owner(), false, false)?;
                     drop(held);
                     self.settle(reserve_delta);
                 } else {
@@ -529,7 +558,7 @@ impl Inner {
         }
         self.bg.note_txn();
         let txn = match held.take() {
-            Some(h) => h.txn,
+            Some(h) => h.txn.into_owner(),
             None => self.begin()?,
         };
         let after = self.commit(txn, true, periodic)?;
