@@ -9,6 +9,8 @@
 //!   the FUSE floor of the untar;
 //! * [`bonnie`]: Bonnie++ on compfs, kernel btrfs, ext4 and xfs per method (seed 004), with the
 //!   compfs daemon's CPU and the ratio reached;
+//! * [`creates`]: empty-file creates, stats and unlinks on compfs, on the null FUSE
+//!   filesystem (the floor of any FUSE daemon) and on kernel btrfs;
 //! * [`store`]: the store API without FUSE (write scaling, read-back, GC, random overwrites);
 //! * [`blk`]: `compfs blk` against kernel zram and nbdkit's memory plugin;
 //! * [`heuristic`]: the "compress this extent?" heuristic against real outcomes;
@@ -26,6 +28,7 @@ pub mod blk;
 pub mod bonnie;
 pub mod codecs;
 pub mod corpus;
+pub mod creates;
 mod error;
 pub mod extsize;
 pub mod fio;

@@ -58,6 +58,9 @@ enum BenchCommand {
     Fs(compfs_bench::fs::Args),
     /// Bonnie++ on compfs per method, kernel btrfs per method, ext4 and xfs (seed 004).
     Bonnie(compfs_bench::bonnie::Args),
+    /// Empty-file creates, stats and unlinks on compfs, the null FUSE filesystem (the FUSE
+    /// floor) and kernel btrfs, alternating in one run.
+    Creates(compfs_bench::creates::Args),
     /// compfs blk against kernel zram and nbdkit memory: ratio, memory, fio IOPS.
     Blk(compfs_bench::blk::Args),
     /// The store: sequential write speed vs single-thread compression, GC, random 4K overwrites.
@@ -77,6 +80,7 @@ fn bench(b: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Codecs(a) => compfs_bench::codecs::run(a),
         BenchCommand::Fs(a) => compfs_bench::fs::run(a),
         BenchCommand::Bonnie(a) => compfs_bench::bonnie::run(a),
+        BenchCommand::Creates(a) => compfs_bench::creates::run(a),
         BenchCommand::Blk(a) => compfs_bench::blk::run(a),
         BenchCommand::Store(a) => compfs_bench::store::run(a),
         BenchCommand::Heuristic(a) => compfs_bench::heuristic::run(a),

@@ -12,6 +12,7 @@ pub mod defrag_run;
 pub mod error;
 pub mod helper;
 pub mod mount;
+pub mod nullfs;
 pub mod options;
 pub mod privilege;
 pub mod procstatus;
