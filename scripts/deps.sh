@@ -12,11 +12,12 @@ declare -A pkg=(
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [nbdcopy]=libnbd-bin [nbdinfo]=libnbd-bin
   [nbdkit]=nbdkit [nbdfuse]=nbdfuse [mkfs.ext4]=e2fsprogs [mkfs.btrfs]=btrfs-progs
   [compsize]=btrfs-compsize [fio]=fio [bonnie++]=bonnie++ [mkfs.xfs]=xfsprogs [bindfs]=bindfs
+  [rclone]=rclone
 )
 want=("$@")
 if [ ${#want[@]} -eq 0 ]; then
   want=(cc fusermount3 zstd lz4 xz qemu-img qemu-io nbdcopy nbdinfo nbdkit nbdfuse mkfs.ext4
-        mkfs.btrfs compsize fio bonnie++ mkfs.xfs bindfs)
+        mkfs.btrfs compsize fio bonnie++ mkfs.xfs bindfs rclone)
 fi
 
 # sbin directories are not on every user's PATH, but the tools there still count.

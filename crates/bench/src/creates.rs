@@ -334,9 +334,9 @@ mod tests {
         let order: Vec<String> = ["compfs", "null", "btrfs"].map(String::from).to_vec();
         let t = table(&rows, &order);
         assert!(t.contains("12,000 (10,000–14,000)"), "{t}");
-        assert!(t.contains("compfs / btrfs   creates 0.30×"), "{t}");
-        assert!(t.contains("null / btrfs     creates 0.50×"), "{t}");
-        assert!(t.contains("compfs / null    creates 0.60×"), "{t}");
+        assert!(t.contains("compfs / btrfs  creates 0.30×"), "{t}");
+        assert!(t.contains("null / btrfs    creates 0.50×"), "{t}");
+        assert!(t.contains("compfs / null   creates 0.60×"), "{t}");
     }
 
     #[test]

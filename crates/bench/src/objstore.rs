@@ -150,43 +150,56 @@ pub fn run(
     });
 
     // The peer: rclone's compress remote over the same server.
-    match rclone_row(corpus, corpus_bytes, url) {
+    match rclone_row(corpus, corpus_bytes, url, work) {
         Ok(Some(row)) => rows.push(row),
-        Ok(None) => eprintln!("rclone not installed (apt-get install rclone): no peer row"),
+        Ok(None) => eprintln!("rclone not installed (scripts/deps.sh installs it): no peer row"),
         Err(e) => eprintln!("rclone row failed: {e}"),
     }
     print_rows(&rows, copies, human(bytes));
     Ok(rows)
 }
 
-fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str) -> Result<Option<ObjRow>> {
+/// Bucket and key prefix of an `s3://BUCKET/PREFIX` URL.
+fn bucket_and_prefix(url: &str) -> (&str, &str) {
+    let rest = url.trim_start_matches("s3://").trim_matches('/');
+    rest.split_once('/').unwrap_or((rest, ""))
+}
+
+/// The rclone filter selecting every object under `prefix` when the bucket's root is listed.
+fn include_filter(prefix: &str) -> String {
+    format!("/{}/**", prefix.trim_matches('/'))
+}
+
+fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str, work: &Path) -> Result<Option<ObjRow>> {
     if Command::new("rclone").arg("version").output().is_err() {
         return Ok(None);
     }
     let env = |k: &str| std::env::var(k).unwrap_or_default();
-    let path = format!(
-        "{}/rclone-{}",
-        url.trim_start_matches("s3://").trim_end_matches('/'),
-        std::process::id()
-    );
-    let mut c = Command::new("rclone");
-    // A CA bundle of the environment makes rclone's S3 client refuse its own transport; the
-    // endpoint is plain HTTP anyway.
-    c.env_remove("AWS_CA_BUNDLE")
-        .env("RCLONE_CONFIG_S3_TYPE", "s3")
-        .env("RCLONE_CONFIG_S3_PROVIDER", "Other")
-        .env("RCLONE_CONFIG_S3_ENDPOINT", env("AWS_ENDPOINT_URL"))
-        .env("RCLONE_CONFIG_S3_ACCESS_KEY_ID", env("AWS_ACCESS_KEY_ID"))
-        .env(
-            "RCLONE_CONFIG_S3_SECRET_ACCESS_KEY",
-            env("AWS_SECRET_ACCESS_KEY"),
-        )
-        .env("RCLONE_CONFIG_S3_REGION", env("AWS_REGION"))
-        .env("RCLONE_CONFIG_S3_FORCE_PATH_STYLE", "true")
-        .env("RCLONE_CONFIG_COMP_TYPE", "compress")
-        .env("RCLONE_CONFIG_COMP_REMOTE", format!("s3:{path}"));
+    let (bucket, prefix) = bucket_and_prefix(url);
+    let prefix = format!("{prefix}/rclone-{}", std::process::id());
+    let prefix = prefix.trim_start_matches('/');
+    let rclone = || {
+        let mut c = Command::new("rclone");
+        // A CA bundle of the environment makes rclone's S3 client refuse its own transport;
+        // the endpoint is plain HTTP anyway.
+        c.env_remove("AWS_CA_BUNDLE")
+            .env("RCLONE_CONFIG_S3_TYPE", "s3")
+            .env("RCLONE_CONFIG_S3_PROVIDER", "Other")
+            .env("RCLONE_CONFIG_S3_ENDPOINT", env("AWS_ENDPOINT_URL"))
+            .env("RCLONE_CONFIG_S3_ACCESS_KEY_ID", env("AWS_ACCESS_KEY_ID"))
+            .env(
+                "RCLONE_CONFIG_S3_SECRET_ACCESS_KEY",
+                env("AWS_SECRET_ACCESS_KEY"),
+            )
+            .env("RCLONE_CONFIG_S3_REGION", env("AWS_REGION"))
+            .env("RCLONE_CONFIG_S3_FORCE_PATH_STYLE", "true")
+            .env("RCLONE_CONFIG_COMP_TYPE", "compress")
+            .env("RCLONE_CONFIG_COMP_REMOTE", format!("s3:{bucket}/{prefix}"))
+            .arg("-q");
+        c
+    };
     let t = Instant::now();
-    let st = c
+    let st = rclone()
         .arg("copy")
         .arg(corpus)
         .arg("comp:")
@@ -195,24 +208,42 @@ fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str) -> Result<Option<ObjR
     if !st.success() {
         bail!("rclone copy failed: {st}");
     }
-    let secs = t.elapsed().as_secs_f64();
-    let out = Command::new("rclone")
-        .env_remove("AWS_CA_BUNDLE")
-        .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
-        .args(["size", "--json", &format!("s3:{path}")])
+    let write_secs = t.elapsed().as_secs_f64();
+    // The stored bytes: objects and rclone's metadata files. The bucket's root is listed with
+    // a filter because s3s-fs answers a HEAD of a key that is a directory on its disk with 500,
+    // which rclone retries for minutes when asked to list `s3:BUCKET/PREFIX` directly.
+    let out = rclone()
+        .args(["size", "--json", &format!("s3:{bucket}")])
+        .args(["--include", &include_filter(prefix)])
         .output()
         .context("rclone size")?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    // rclone 1.60's listing finds no objects on s3s-fs: then the ratio is unknown (NaN), and
-    // the bytes in the server's directory tell it (docs/benchmarks-s3.md).
     let stored = v["bytes"].as_u64().unwrap_or(0);
     if stored == 0 {
-        eprintln!("rclone size s3:{path} found no objects: ratio unknown");
+        eprintln!("rclone size s3:{bucket} found no objects under {prefix}: ratio unknown");
     }
+    // Cold read: the page cache dropped (the server's files too), then rclone copies the
+    // corpus back out of its compress remote, decompressing it.
+    let back = work.join("rclone-read");
+    let _ = std::fs::remove_dir_all(&back);
+    drop_caches();
+    let t = Instant::now();
+    let st = rclone()
+        .arg("copy")
+        .arg("comp:")
+        .arg(&back)
+        .status()
+        .context("rclone copy back")?;
+    let read_secs = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&back);
+    if !st.success() {
+        bail!("rclone copy back failed: {st}");
+    }
+    let mb = corpus_bytes as f64 / 1e6;
     Ok(Some(ObjRow {
-        target: "rclone compress remote".into(),
-        write_mbs: corpus_bytes as f64 / 1e6 / secs,
-        read_mbs: 0.0,
+        target: "rclone compress remote (gzip), 1 copy".into(),
+        write_mbs: mb / write_secs,
+        read_mbs: mb / read_secs,
         ratio: if stored == 0 {
             f64::NAN
         } else {
@@ -234,5 +265,19 @@ fn print_rows(rows: &[ObjRow], copies: u32, total: String) {
             "{:<44} {:>9.1} {:>9.1} {:>7.2} {:>10.0} {:>10.0}",
             r.target, r.write_mbs, r.read_mbs, r.ratio, r.puts_per_gib, r.gets_per_gib
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_into_bucket_and_prefix() {
+        assert_eq!(bucket_and_prefix("s3://compfs/b"), ("compfs", "b"));
+        assert_eq!(bucket_and_prefix("s3://compfs/a/b/"), ("compfs", "a/b"));
+        assert_eq!(bucket_and_prefix("s3://compfs"), ("compfs", ""));
+        assert_eq!(include_filter("b/rclone-7"), "/b/rclone-7/**");
+        assert_eq!(include_filter("/b/"), "/b/**");
     }
 }
