@@ -194,7 +194,7 @@ fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str, work: &Path) -> Resul
             .env("RCLONE_CONFIG_S3_REGION", env("AWS_REGION"))
             .env("RCLONE_CONFIG_S3_FORCE_PATH_STYLE", "true")
             .env("RCLONE_CONFIG_COMP_TYPE", "compress")
-            .env("RCLONE_CONFIG_COMP_REMOTE", format!("s3:{bucket}/{prefix}"))
+            .env("RCLONE_CONFIG_COMP_REMOTE", format!("s3:{bucket}"))
             .arg("-q");
         c
     };
@@ -202,16 +202,17 @@ fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str, work: &Path) -> Resul
     let st = rclone()
         .arg("copy")
         .arg(corpus)
-        .arg("comp:")
+        .arg(format!("comp:{prefix}"))
         .status()
         .context("rclone copy")?;
     if !st.success() {
         bail!("rclone copy failed: {st}");
     }
     let write_secs = t.elapsed().as_secs_f64();
-    // The stored bytes: objects and rclone's metadata files. The bucket's root is listed with
-    // a filter because s3s-fs answers a HEAD of a key that is a directory on its disk with 500,
-    // which rclone retries for minutes when asked to list `s3:BUCKET/PREFIX` directly.
+    // The stored bytes: objects and rclone's metadata files. The compress remote wraps the
+    // bucket's root, and reads list it with a filter, because s3s-fs answers a HEAD of a key
+    // that is a directory on its disk with 500, which rclone retries for minutes before it
+    // lists `s3:BUCKET/PREFIX` (and then finds nothing to size).
     let out = rclone()
         .args(["size", "--json", &format!("s3:{bucket}")])
         .args(["--include", &include_filter(prefix)])
@@ -232,12 +233,22 @@ fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str, work: &Path) -> Resul
         .arg("copy")
         .arg("comp:")
         .arg(&back)
+        .args(["--include", &include_filter(prefix)])
         .status()
         .context("rclone copy back")?;
     let read_secs = t.elapsed().as_secs_f64();
+    let got = if st.success() {
+        crate::corpus::tree_bytes(&back)
+    } else {
+        Ok(0)
+    };
     let _ = std::fs::remove_dir_all(&back);
     if !st.success() {
         bail!("rclone copy back failed: {st}");
+    }
+    let got = got?;
+    if got != corpus_bytes {
+        bail!("rclone copied back {got} bytes of the corpus's {corpus_bytes}");
     }
     let mb = corpus_bytes as f64 / 1e6;
     Ok(Some(ObjRow {
