@@ -9,8 +9,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::blockcache::Key;
 
-/// Blocks fetched ahead of a sequential reader, at most (parallel ranged GETs; 32 MiB).
-pub const READAHEAD_BLOCKS: u64 = 32;
+/// Blocks fetched ahead of a sequential reader, at most (parallel ranged GETs; 64 MiB).
+pub const READAHEAD_BLOCKS: u64 = 64;
 
 /// Blocks of a readahead under a cache bound of `cap` bytes: at most a quarter of the cache,
 /// so that fetching ahead never pushes out what is being read.
@@ -100,10 +100,11 @@ pub type Ahead = (Key, u64);
 
 /// Workers serving the queue at once, at most, and the blocks each takes at a time (its
 /// parallel GETs): 4 x 2 measured 19% faster than one worker taking 8, and 8 x 4 with a
-/// 32-block window 16% faster again than 4 x 2 with 8 (docs/benchmarks-s3.md): the local
+/// 32-block window 16% faster again than 4 x 2 with 8, and 16 x 4 with 64 blocks 9% faster
+/// than that (docs/benchmarks-s3.md): the local
 /// server answers one GET slowly (it streams in 4 KiB reads), so more of them must be in flight
 /// to keep both of its cores and the daemon's decompression busy.
-pub const WORKERS: usize = 8;
+pub const WORKERS: usize = 16;
 pub const WORKER_BATCH: usize = 4;
 
 /// Blocks queued at most; older requests go first when more arrive (the reader has moved on).
