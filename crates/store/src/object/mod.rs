@@ -8,6 +8,7 @@
 
 pub mod blockcache;
 pub mod check;
+pub mod fresh;
 pub mod layout;
 pub mod lease;
 pub mod options;

@@ -158,7 +158,7 @@ impl Shared {
         let got = self.remote.get_ranges(&reqs);
         for (claim, data) in claims.into_iter().zip(got) {
             if let Ok(data) = data {
-                cache.put(claim.key, &data);
+                cache.put(claim.key, data);
             }
         }
     }

@@ -57,7 +57,7 @@ impl ObjectSegFile {
                 let data = data?;
                 let o = o as usize;
                 buf[at..at + n].copy_from_slice(&data[o..o + n]);
-                cache.put(c.key, &data);
+                cache.put(c.key, data);
             }
         }
         for (b, o, at, n) in waits {
@@ -72,7 +72,7 @@ impl ObjectSegFile {
                     .remote
                     .get_range(&key, lo..(lo + BLOCK).min(clen))?;
                 dst.copy_from_slice(&data[o as usize..o as usize + n]);
-                cache.put(k, &data);
+                cache.put(k, data);
             }
         }
         Ok(())
