@@ -2,7 +2,7 @@
 //! (the last block of a chunk shorter), one file each, least recently used out once their
 //! total passes the bound. The bookkeeping ([`LruIndex`]) is pure and tested alone.
 //!
-//! Files are written with O_DIRECT ([`write_block`]): a block goes from the GET's buffer to
+//! Files are written with O_DIRECT (`write_block`): a block goes from the GET's buffer to
 //! the disk without a copy into the page cache, which on a cold sequential read cost the
 //! daemon as much CPU as a tenth of the read's time. The block itself stays in memory
 //! ([`Fresh`]) until it has been read to its end, so the reader that asked for it (or the
