@@ -237,11 +237,7 @@ fn rclone_row(corpus: &Path, corpus_bytes: u64, url: &str, work: &Path) -> Resul
         .status()
         .context("rclone copy back")?;
     let read_secs = t.elapsed().as_secs_f64();
-    let got = if st.success() {
-        crate::corpus::tree_bytes(&back)
-    } else {
-        Ok(0)
-    };
+    let got = crate::corpus::tree_bytes(&back);
     let _ = std::fs::remove_dir_all(&back);
     if !st.success() {
         bail!("rclone copy back failed: {st}");

@@ -283,12 +283,8 @@ fn padded_len(len: usize, align: usize) -> usize {
 /// tmpfs before Linux 6.6, some FUSE and network file systems: EINVAL), else buffered.
 fn write_block(path: &Path, data: &[u8]) -> io::Result<()> {
     match write_direct(path, data) {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINVAL)
-                || e.kind() == io::ErrorKind::InvalidInput =>
-        {
-            std::fs::write(path, data)
-        }
+        // EINVAL from the kernel, or no aligned buffer: both map to InvalidInput.
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => std::fs::write(path, data),
         r => r,
     }
 }
@@ -391,7 +387,8 @@ mod tests {
 
     #[test]
     fn blocks_of_any_length_are_written_whole_with_or_without_o_direct() {
-        // /var/tmp and /dev/shm: a disk file system (O_DIRECT) and tmpfs (which may refuse it).
+        // The temporary directory (a disk file system here: O_DIRECT) and tmpfs (which may
+        // refuse it).
         for base in [std::env::temp_dir(), PathBuf::from("/dev/shm")] {
             let Ok(t) = tempfile::tempdir_in(&base) else {
                 continue;

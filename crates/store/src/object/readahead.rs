@@ -101,9 +101,9 @@ pub type Ahead = (Key, u64);
 /// Workers serving the queue at once, at most, and the blocks each takes at a time (its
 /// parallel GETs): 4 x 2 measured 19% faster than one worker taking 8, and 8 x 4 with a
 /// 32-block window 16% faster again than 4 x 2 with 8, and 16 x 4 with 64 blocks 9% faster
-/// than that (docs/benchmarks-s3.md): the local
-/// server answers one GET slowly (it streams in 4 KiB reads), so more of them must be in flight
-/// to keep both of its cores and the daemon's decompression busy.
+/// than that (docs/benchmarks-s3.md): the local server answers one GET slowly (it streams in
+/// 4 KiB reads), so more of them must be in flight to keep both of its cores and the daemon's
+/// decompression busy.
 pub const WORKERS: usize = 16;
 pub const WORKER_BATCH: usize = 4;
 
